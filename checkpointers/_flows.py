@@ -1,0 +1,207 @@
+"""Sync and async without duplicated logic.
+
+Every multi-step semantic (conditional writes, append-only checks, digest
+verification, the LangGraph saver's reads and writes) is written once as a
+generator that yields backend operations and receives their results. ``run``
+drives such a flow with a backend's sync methods, ``arun`` with its async
+methods; neither knows what the flow does::
+
+    def append_flow(partition, put):
+        result = yield WriteOp(partition, [put])
+        ...
+
+    run(append_flow(p, put), backend)          # sync
+    await arun(append_flow(p, put), backend)   # async
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ._names import Partition
+from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
+from .errors import ConcurrencyError, CorruptItemError, StepMismatchError
+
+__all__ = [
+    "DropOp",
+    "Flow",
+    "GetOp",
+    "ListOp",
+    "PartitionsOp",
+    "WriteOp",
+    "arun",
+    "digest",
+    "make_put",
+    "new_etag",
+    "raise_conflict",
+    "run",
+    "verified",
+    "write_flow",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GetOp:
+    """Read records by name."""
+
+    partition: Partition
+    names: Sequence[str]
+
+    def call(self, b: Backend) -> list[Record | None]:
+        return b.get(self.partition, self.names)
+
+    async def acall(self, b: Backend) -> list[Record | None]:
+        return await b.aget(self.partition, self.names)
+
+
+@dataclass(frozen=True)
+class WriteOp:
+    """One atomic conditional batch."""
+
+    partition: Partition
+    puts: Sequence[Put]
+    deletes: Sequence[Delete] = field(default_factory=tuple)
+
+    def call(self, b: Backend) -> WriteResult:
+        return b.write(self.partition, self.puts, self.deletes)
+
+    async def acall(self, b: Backend) -> WriteResult:
+        return await b.awrite(self.partition, self.puts, self.deletes)
+
+
+@dataclass(frozen=True)
+class ListOp:
+    """List records of a partition."""
+
+    partition: Partition
+    query: ListQuery
+
+    def call(self, b: Backend) -> list[Record]:
+        return b.list(self.partition, self.query)
+
+    async def acall(self, b: Backend) -> list[Record]:
+        return await b.alist(self.partition, self.query)
+
+
+@dataclass(frozen=True)
+class PartitionsOp:
+    """List the partitions of one user in one space."""
+
+    user: str
+    space: str
+
+    def call(self, b: Backend) -> list[str]:
+        return b.partitions(self.user, self.space)
+
+    async def acall(self, b: Backend) -> list[str]:
+        return await b.apartitions(self.user, self.space)
+
+
+@dataclass(frozen=True)
+class DropOp:
+    """Delete a whole partition."""
+
+    partition: Partition
+
+    def call(self, b: Backend) -> int:
+        return b.drop(self.partition)
+
+    async def acall(self, b: Backend) -> int:
+        return await b.adrop(self.partition)
+
+
+Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp
+Flow = Generator[Op, Any, T]
+
+
+def run(flow: Flow[T], backend: Backend) -> T:
+    """Drive ``flow`` with the backend's sync methods and return its result."""
+    try:
+        op = next(flow)
+        while True:
+            op = flow.send(op.call(backend))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def arun(flow: Flow[T], backend: Backend) -> T:
+    """Drive ``flow`` with the backend's async methods and return its result."""
+    try:
+        op = next(flow)
+        while True:
+            op = flow.send(await op.acall(backend))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def digest(data: bytes) -> str:
+    """SHA-256 hex digest: the content digest of every stored value."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def new_etag() -> str:
+    """A fresh etag; every applied write gets a new one."""
+    return uuid.uuid4().hex
+
+
+def make_put(
+    name: str,
+    value: bytes,
+    *,
+    tags: dict[str, str] | None = None,
+    mode: Mode = Mode.UPSERT,
+    if_match: str | None = None,
+) -> Put:
+    """Build a :class:`Put` with its digest and a new etag."""
+    return Put(name, value, digest(value), new_etag(), tags or {}, mode, if_match)
+
+
+def verified(record: Record, label: str | None = None) -> Record:
+    """Return ``record`` if its value matches its digest, else raise CorruptItemError."""
+    if digest(record.value) != record.digest:
+        raise CorruptItemError(label or record.name, "content does not match its sha256 digest")
+    return record
+
+
+def raise_conflict(
+    result: WriteResult,
+    puts: Sequence[Put],
+    deletes: Sequence[Delete],
+    labels: Sequence[str] | None = None,
+) -> None:
+    """Turn a refused batch into the error its condition calls for.
+
+    ``labels`` gives the caller-facing name of each put then delete (defaults to
+    the backend names), so messages name the user's key, not an encoding.
+    """
+    c = result.conflict
+    if c is None:
+        return
+    label = labels[c.index] if labels else c.name
+    actual = c.existing.etag if c.existing else None
+    if c.index >= len(puts):
+        raise ConcurrencyError(label, deletes[c.index - len(puts)].if_match, actual)
+    put = puts[c.index]
+    if put.mode is Mode.APPEND and c.existing is not None:
+        raise StepMismatchError(label, c.existing.digest, put.digest)
+    if put.mode is Mode.CREATE:
+        raise ConcurrencyError(label, None, actual)
+    raise ConcurrencyError(label, put.if_match, actual)
+
+
+def write_flow(
+    partition: Partition,
+    puts: Sequence[Put],
+    deletes: Sequence[Delete] = (),
+    labels: Sequence[str] | None = None,
+) -> Flow[list[Record]]:
+    """Write one atomic batch; raise the matching error if a condition fails."""
+    result: WriteResult = yield WriteOp(partition, tuple(puts), tuple(deletes))
+    raise_conflict(result, puts, deletes, labels)
+    return list(result.records)

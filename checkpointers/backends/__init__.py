@@ -1,0 +1,64 @@
+"""Backends: one small interface (:class:`Backend`), several storages.
+
+``open_backend(url)`` picks one from a URL:
+
+==============================  =============================================
+``memory://``                   in-process, for tests and quick starts
+``sqlite:///path/to/file.db``   embedded default (WAL, several processes safe)
+``redis://host:6379/0``         Redis or Valkey 7+, no modules
+``s3://bucket/prefix``          S3 or any S3-compatible endpoint
+                                (``?endpoint_url=http://127.0.0.1:9000``)
+==============================  =============================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from .base import Backend, Conflict, Delete, ListQuery, Mode, Put, Record, WriteResult
+from .memory import MemoryBackend
+
+__all__ = [
+    "Backend",
+    "Conflict",
+    "Delete",
+    "ListQuery",
+    "MemoryBackend",
+    "Mode",
+    "Put",
+    "Record",
+    "WriteResult",
+    "open_backend",
+]
+
+
+def open_backend(url: str, **options: Any) -> Backend:
+    """Open the backend a URL names; ``options`` go to its constructor.
+
+    Raises ``ValueError`` for an unknown scheme, naming the ones supported.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return MemoryBackend()
+    if scheme == "sqlite":
+        from .sqlite import SqliteBackend
+
+        return SqliteBackend.from_url(url, **options)
+    if scheme in ("redis", "rediss", "unix", "valkey", "valkeys"):
+        from .redis import RedisBackend
+
+        return RedisBackend.from_url(url, **options)
+    if scheme == "s3":
+        from .s3 import S3Backend
+
+        return S3Backend.from_url(url, **options)
+    raise ValueError(
+        f"unknown store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db "
+        f"or s3://bucket/prefix"
+    )
+
+
+def query_options(url: str) -> dict[str, str]:
+    """The ``?key=value`` options of a store URL, as a dict."""
+    return dict(parse_qsl(urlsplit(url).query))

@@ -1,0 +1,285 @@
+"""The backend interface: the few storage primitives every backend implements.
+
+A backend stores **records** inside **partitions** and knows nothing about
+users, scopes, LangGraph or the Agent Framework. All semantics (isolation,
+names, limits, tags, append-only, digests) live above it and reach it already
+checked and encoded. A backend only translates five operations to its storage,
+each in a sync and an async form:
+
+========================  ====================================================
+``get(p, names)``         records by name (``None`` where absent), one round trip
+``write(p, puts, dels)``  one **atomic** conditional batch inside partition ``p``
+``list(p, query)``        records of ``p`` by name prefix, ordered, filtered, limited
+``partitions(user, sp)``  the partition names (raw, decoded) of one user+space
+``drop(p)``               delete a whole partition (every record in it)
+========================  ====================================================
+
+Guarantees a backend must give (the conformance suite checks them):
+
+* **Atomic batches.** ``write`` checks every condition first; if one fails,
+  nothing of the batch is applied and the result names the conflict. Otherwise
+  all puts and deletes become visible together, also under ``kill -9``.
+* **Conditions are checked on the server** in the same atomic step as the
+  write (a transaction, a Lua script, an S3 conditional request), never
+  read-then-write from the client.
+* **Append mode**: absent -> write; present with the same digest -> no-op that
+  returns the stored record unchanged; present with another digest -> conflict.
+* **Sequence numbers**: every applied put gets a ``seq`` greater than any seq
+  the partition has handed out before (no-ops keep their old seq).
+* **Names** are ASCII from ``[A-Za-z0-9_%/-]`` (see :mod:`checkpointers._names`),
+  at most about 700 characters; ``list`` treats ``prefix`` literally.
+* **Isolation**: a partition's records are only reachable through its
+  :attr:`~checkpointers._names.Partition.key`; ``partitions`` only returns
+  partitions whose ``user_key`` matches exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .._names import Partition
+
+__all__ = [
+    "Backend",
+    "Conflict",
+    "Delete",
+    "ListQuery",
+    "Mode",
+    "Put",
+    "Record",
+    "WriteResult",
+]
+
+
+class Mode(enum.Enum):
+    """The condition a :class:`Put` is applied under."""
+
+    UPSERT = "upsert"  #: always write
+    CREATE = "create"  #: write only if the name is absent
+    APPEND = "append"  #: absent -> write; same digest -> no-op; else conflict
+    IF_MATCH = "if_match"  #: write only if present with etag == ``if_match``
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored record, as a backend returns it.
+
+    ``value`` is ``b""`` when it was not requested (``ListQuery.values=False``).
+    ``digest`` is the SHA-256 hex of the full value as written; the layer above
+    re-checks it on read and raises ``CorruptItemError`` on a mismatch.
+    """
+
+    name: str
+    value: bytes
+    tags: Mapping[str, str]
+    etag: str
+    digest: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class Put:
+    """Write ``value`` under ``name`` if ``mode`` allows it.
+
+    ``etag`` and ``digest`` are computed by the caller; a backend stores them
+    as given.
+    """
+
+    name: str
+    value: bytes
+    digest: str
+    etag: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+    mode: Mode = Mode.UPSERT
+    if_match: str | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete ``name`` (absent is fine) unless ``if_match`` is set and differs."""
+
+    name: str
+    if_match: str | None = None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Why a batch was refused: the operation's position and what is stored.
+
+    ``index`` counts puts first, then deletes, in the order given.
+    """
+
+    index: int
+    name: str
+    existing: Record | None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of :meth:`Backend.write`.
+
+    On success ``records[i]`` is the stored record of ``puts[i]`` (for an
+    append no-op, the record that was already there) and ``conflict`` is None.
+    On a refused batch ``records`` is empty and ``conflict`` says why.
+    """
+
+    records: Sequence[Record]
+    conflict: Conflict | None = None
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What :meth:`Backend.list` returns.
+
+    * ``prefix``: only names starting with it (literal, no patterns).
+    * ``order``: ``"name"`` (lexicographic) or ``"seq"`` (write order).
+    * ``descending``: newest / highest first.
+    * ``limit``: at most this many records (``None`` = all).
+    * ``tags``: only records carrying every one of these exact tag values.
+    * ``start`` / ``stop``: a half-open range on the ordering field, in the
+      field's own type (``str`` for name, ``int`` for seq), applied before
+      the limit: ``start <= x < stop``.
+    * ``values``: ``False`` lets a backend skip reading values (``b""``).
+    """
+
+    prefix: str = ""
+    order: str = "name"
+    descending: bool = False
+    limit: int | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    start: str | int | None = None
+    stop: str | int | None = None
+    values: bool = True
+
+    def matches(self, record: Record) -> bool:
+        """Whether ``record`` passes prefix, tag and range filters (not the limit)."""
+        if not record.name.startswith(self.prefix):
+            return False
+        if any(record.tags.get(k) != v for k, v in self.tags.items()):
+            return False
+        pos: str | int = record.name if self.order == "name" else record.seq
+        if self.start is not None and pos < self.start:  # type: ignore[operator]
+            return False
+        if self.stop is not None and pos >= self.stop:  # type: ignore[operator]
+            return False
+        return True
+
+    def sort_key(self, record: Record) -> str | int:
+        """The ordering field of ``record`` under this query."""
+        return record.name if self.order == "name" else record.seq
+
+
+def check_batch(puts: Sequence[Put], deletes: Sequence[Delete]) -> None:
+    """Refuse a batch that names one record twice (its outcome would be ambiguous)."""
+    names = [p.name for p in puts] + [d.name for d in deletes]
+    if len(set(names)) != len(names):
+        raise ValueError("a write batch must not name the same record twice")
+
+
+def evaluate(
+    puts: Sequence[Put],
+    deletes: Sequence[Delete],
+    existing: Mapping[str, Record],
+) -> tuple[Conflict | None, list[int]]:
+    """Check a batch's conditions against what is stored, without I/O.
+
+    Returns ``(conflict, noops)``: the first failing condition (or None) and
+    the indexes of puts that are append no-ops. Backends that can run Python
+    next to their data (memory, SQLite) call this inside their transaction;
+    the others implement the same rules on the server.
+    """
+    noops: list[int] = []
+    for i, put in enumerate(puts):
+        cur = existing.get(put.name)
+        if put.mode is Mode.CREATE and cur is not None:
+            return Conflict(i, put.name, cur), noops
+        if put.mode is Mode.IF_MATCH and (cur is None or cur.etag != put.if_match):
+            return Conflict(i, put.name, cur), noops
+        if put.mode is Mode.APPEND and cur is not None:
+            if cur.digest != put.digest:
+                return Conflict(i, put.name, cur), noops
+            noops.append(i)
+    for j, delete in enumerate(deletes):
+        cur = existing.get(delete.name)
+        if delete.if_match is not None and (cur is None or cur.etag != delete.if_match):
+            return Conflict(len(puts) + j, delete.name, cur), noops
+    return None, noops
+
+
+class Backend(ABC):
+    """Base class of every backend; see the module docstring for the rules.
+
+    Subclasses implement the five operations twice (sync and ``a``-prefixed
+    async) over their own driver, and ``close``/``aclose``. Drivers' errors are
+    translated to :class:`~checkpointers.errors.BackendUnavailableError` at
+    this edge.
+    """
+
+    #: Short name used in URLs, reports and test ids ("sqlite", "redis", ...).
+    kind: str = "backend"
+
+    @abstractmethod
+    def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        """Return the records named ``names`` (``None`` where absent), in order."""
+
+    @abstractmethod
+    def write(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        """Apply one atomic, conditional batch; see :func:`evaluate` for the rules."""
+
+    @abstractmethod
+    def list(self, partition: Partition, query: ListQuery) -> list[Record]:
+        """Return the records of ``partition`` that ``query`` selects, ordered."""
+
+    @abstractmethod
+    def partitions(self, user: str, space: str) -> list[str]:
+        """Return the names of the non-empty partitions of ``user`` in ``space``."""
+
+    @abstractmethod
+    def drop(self, partition: Partition) -> int:
+        """Delete every record of ``partition``; return how many were deleted."""
+
+    @abstractmethod
+    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        """Async :meth:`get`."""
+
+    @abstractmethod
+    async def awrite(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        """Async :meth:`write`."""
+
+    @abstractmethod
+    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+        """Async :meth:`list`."""
+
+    @abstractmethod
+    async def apartitions(self, user: str, space: str) -> list[str]:
+        """Async :meth:`partitions`."""
+
+    @abstractmethod
+    async def adrop(self, partition: Partition) -> int:
+        """Async :meth:`drop`."""
+
+    def close(self) -> None:
+        """Release connections (idempotent)."""
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        self.close()
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,157 @@
+"""The exception hierarchy of ``checkpointers``.
+
+Every error the library raises on purpose derives from one root, so callers
+can catch ``CheckpointerError`` at a boundary. Input errors also derive from
+``ValueError`` so a generic ``except ValueError`` keeps working::
+
+    CheckpointerError
+    ├── InvalidNameError(CheckpointerError, ValueError)   .name .reason
+    ├── ItemTooLargeError(CheckpointerError, ValueError)  .key .size .limit
+    ├── TooManyTagsError(CheckpointerError, ValueError)   .key .count .limit
+    ├── StepMismatchError                                 .step .stored_digest .new_digest
+    ├── ConcurrencyError                                  .key .expected_etag .actual_etag
+    ├── IsolationError
+    ├── CorruptItemError                                  .key .reason
+    └── BackendUnavailableError                           __cause__ = the driver's error
+
+Backends translate their driver's exceptions at the edge (each backend has one
+``translate_errors()`` context manager), so ``sqlite3``, ``redis`` and
+``botocore`` exceptions never leak out of the library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "CheckpointerError",
+    "ConcurrencyError",
+    "CorruptItemError",
+    "InvalidNameError",
+    "IsolationError",
+    "ItemTooLargeError",
+    "StepMismatchError",
+    "TooManyTagsError",
+]
+
+
+class CheckpointerError(Exception):
+    """Root of every error raised by ``checkpointers``."""
+
+
+class InvalidNameError(CheckpointerError, ValueError):
+    """A scope, key, tag or user name breaks the naming rules.
+
+    Raised before any I/O. ``name`` is the offending value and ``reason``
+    says which rule it broke.
+    """
+
+    def __init__(self, kind: str, name: object, reason: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.reason = reason
+        shown = repr(name)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"invalid {kind} {shown}: {reason}")
+
+
+class ItemTooLargeError(CheckpointerError, ValueError):
+    """A serialized value is larger than the store's cap.
+
+    Raised before any network call or write: nothing of the operation is
+    stored. Store less per item (split it, or keep large blobs elsewhere and
+    store a reference), or raise the cap with ``max_item_bytes=``.
+    """
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"item {key!r} is {size:,} bytes serialized, over the cap of {limit:,} "
+            f"bytes; nothing was written. Split the value or raise max_item_bytes."
+        )
+
+
+class TooManyTagsError(CheckpointerError, ValueError):
+    """An item was given more tags than the limit (16)."""
+
+    def __init__(self, key: str, count: int, limit: int) -> None:
+        self.key = key
+        self.count = count
+        self.limit = limit
+        super().__init__(
+            f"item {key!r} has {count} tags, over the limit of {limit}; nothing was "
+            f"written. Keep at most {limit} tags and move the rest into the value."
+        )
+
+
+class StepMismatchError(CheckpointerError):
+    """An append-only key was written again with a different value.
+
+    Append-only keys (steps, LangGraph checkpoint records and task writes)
+    are written once. Re-writing the identical value is a no-op; a different
+    value means a recomputation diverged from what was committed, and the
+    stored value is kept.
+    """
+
+    def __init__(self, step: str, stored_digest: str, new_digest: str) -> None:
+        self.step = step
+        self.stored_digest = stored_digest
+        self.new_digest = new_digest
+        super().__init__(
+            f"append-only key {step!r} already holds a different value "
+            f"(stored sha256 {stored_digest[:16]}..., new sha256 {new_digest[:16]}...); "
+            f"the stored value was kept. A recomputed step must reproduce the "
+            f"committed result: make the step deterministic or write a new key."
+        )
+
+
+class ConcurrencyError(CheckpointerError):
+    """A conditional write lost a race: the etag moved, or the key exists.
+
+    Re-read the item and retry with its current etag.
+    """
+
+    def __init__(
+        self, key: str, expected_etag: str | None, actual_etag: str | None = None
+    ) -> None:
+        self.key = key
+        self.expected_etag = expected_etag
+        self.actual_etag = actual_etag
+        if expected_etag is None:
+            msg = f"item {key!r} already exists; use set_item() to replace it"
+        elif actual_etag is None:
+            msg = f"item {key!r} does not exist (expected etag {expected_etag!r})"
+        else:
+            msg = (
+                f"item {key!r} changed: expected etag {expected_etag!r}, found "
+                f"{actual_etag!r}; re-read it and retry"
+            )
+        super().__init__(msg)
+
+
+class IsolationError(CheckpointerError):
+    """An operation would cross or lack a user boundary.
+
+    Raised, for example, when ``require_user=True`` and no user was given.
+    """
+
+
+class CorruptItemError(CheckpointerError):
+    """Stored bytes failed their digest check or could not be decoded.
+
+    Damaged data is never returned.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"stored item {key!r} is corrupt: {reason}")
+
+
+class BackendUnavailableError(CheckpointerError):
+    """The backend could not be reached after bounded retries.
+
+    The driver's exception is chained as ``__cause__``.
+    """

@@ -86,6 +86,12 @@ class Put:
 
     ``etag`` and ``digest`` are computed by the caller; a backend stores them
     as given.
+
+    ``staged=True`` marks a record that nothing can reach until a later,
+    non-staged put of the same batch refers to it (a content-addressed blob).
+    A backend without multi-record transactions (S3) may write staged puts
+    first, outside the atomic unit; a crash then leaves only unreferenced
+    records, which ``prune`` removes. Staged puts must use ``Mode.APPEND``.
     """
 
     name: str
@@ -95,6 +101,7 @@ class Put:
     tags: Mapping[str, str] = field(default_factory=dict)
     mode: Mode = Mode.UPSERT
     if_match: str | None = None
+    staged: bool = False
 
 
 @dataclass(frozen=True)

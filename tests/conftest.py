@@ -1,0 +1,83 @@
+"""One test body, every backend.
+
+Each backend contributes one fixture named ``<name>_backend`` that yields a
+fresh, empty :class:`~checkpointers.backends.Backend` (memory and SQLite here,
+Redis and S3 in ``tests/plugins``). The ``backend`` fixture is parametrized
+over :data:`BACKEND_NAMES`; adding a backend means adding one fixture and one
+name.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from checkpointers import Store
+from checkpointers.backends import Backend, MemoryBackend
+
+pytest_plugins = ["tests.plugins.redis_plugin", "tests.plugins.s3_plugin"]
+
+#: Every backend the shared test bodies run against.
+BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_cluster", "s3", "s3_http"]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--deep",
+        action="store_true",
+        default=False,
+        help="run deep checks: many hypothesis examples, long crash loops",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None)
+    settings.register_profile("deep", max_examples=2000, deadline=None)
+    settings.load_profile("deep" if config.getoption("--deep") else "ci")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--deep"):
+        return
+    skip = pytest.mark.skip(reason="deep check: run with --deep")
+    for item in items:
+        if "deep" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def memory_backend() -> Iterator[Backend]:
+    with MemoryBackend() as backend:
+        yield backend
+
+
+@pytest.fixture
+def sqlite_backend(tmp_path: Path) -> Iterator[Backend]:
+    from checkpointers.backends.sqlite import SqliteBackend
+
+    with SqliteBackend(tmp_path / "state.db") as backend:
+        yield backend
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, backend_name: str) -> Backend:
+    """A fresh, empty backend of every kind in turn."""
+    return request.getfixturevalue(f"{backend_name}_backend")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    """A store bound to a fresh user on every backend."""
+    return Store(backend).for_user(f"u-{uuid.uuid4().hex}")

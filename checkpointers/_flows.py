@@ -157,9 +157,10 @@ def make_put(
     tags: dict[str, str] | None = None,
     mode: Mode = Mode.UPSERT,
     if_match: str | None = None,
+    staged: bool = False,
 ) -> Put:
     """Build a :class:`Put` with its digest and a new etag."""
-    return Put(name, value, digest(value), new_etag(), tags or {}, mode, if_match)
+    return Put(name, value, digest(value), new_etag(), tags or {}, mode, if_match, staged)
 
 
 def verified(record: Record, label: str | None = None) -> Record:

@@ -1,0 +1,767 @@
+"""SQLite backend: the embedded default, one file shared by threads and processes.
+
+Sync calls use the stdlib :mod:`sqlite3`; async calls use :mod:`aiosqlite`.
+Every operation is written **once**, as a plain function of a
+``sqlite3.Connection`` (``_get``, ``_write``, ``_list``, ``_partitions``,
+``_drop``). The sync face runs it on a pooled connection; the async face hands
+the same function to the worker thread of an aiosqlite connection
+(``Connection._execute(fn, ...)``, the one call aiosqlite's own methods are
+made of), so no SQL or transaction logic exists twice.
+
+Durability and concurrency
+--------------------------
+
+* The file is in WAL mode with ``synchronous=NORMAL``: a committed batch
+  survives the process being killed (``kill -9``) at any point, and readers
+  never block the writer. A power loss or OS crash may lose the last few
+  committed transactions (never corrupt the file); pass
+  ``synchronous="FULL"`` to fsync on every commit if that matters more than
+  write latency.
+* Every :meth:`~SqliteBackend.write` is ONE ``BEGIN IMMEDIATE`` transaction:
+  the batch's conditions are checked with :func:`~.base.evaluate` against rows
+  read inside that transaction, then applied; a refused batch is rolled back.
+  ``BEGIN IMMEDIATE`` takes the file's write lock up front, so two processes
+  can never both pass a check and then both write.
+* ``seq`` comes from a one-row counter bumped inside the write transaction, so
+  it is strictly increasing across the whole file, also after the record with
+  the highest seq is deleted (``MAX(seq)+1`` would hand it out again).
+* A busy file (another connection holds the write lock) is waited for by
+  SQLite's busy handler for up to ``timeout`` seconds; the few busy cases the
+  handler does not cover are retried with a short backoff until the same
+  deadline. Then :class:`~checkpointers.errors.BackendUnavailableError` is
+  raised, the ``sqlite3`` error chained.
+* Connections: sync calls borrow one from a small pool (a connection is used by
+  one thread at a time); async calls use one aiosqlite connection per running
+  event loop, opened lazily, because an aiosqlite connection belongs to the
+  loop it was opened on. ``close()`` / ``aclose()`` release all of them.
+
+Schema (version = position in :data:`MIGRATIONS`)
+-------------------------------------------------
+
+``records(pkey, name, seq, etag, digest, tags, value)``
+    one row per record, primary key ``(pkey, name)`` where ``pkey`` is
+    :attr:`Partition.key`; ``value`` is the last column so reading metadata
+    never touches a large value's overflow pages. Index ``(pkey, seq)``.
+``tags(pkey, name, k, v)``
+    one row per tag, indexed on ``(pkey, k, v, name)``, kept in the same
+    transaction as ``records``: a tag query reads only the matching names.
+``partitions(pkey, user_key, name)``
+    the raw partition name of every non-empty partition (``Partition.key``
+    hashes long names, so they cannot be decoded back); a row is removed when
+    its partition's last record goes.
+``seq_counter``, ``schema_migrations``
+    the sequence counter and the applied schema versions.
+
+Caller-supplied strings that may hold anything Python allows (tag keys and
+values, raw partition names, lone surrogates included) are stored in an
+injective ASCII/bytes form, because ``sqlite3`` refuses to bind lone
+surrogates.
+
+Errors
+------
+
+:func:`translate_errors` is the single place where ``sqlite3`` exceptions
+become library errors:
+
+===========================================  ===================================
+``OperationalError`` (locked, busy, disk I/O,  :class:`BackendUnavailableError`
+full, read-only, cannot open), ``DatabaseError``
+(not a database, malformed), ``InternalError``,
+any other ``sqlite3.Error``
+``ProgrammingError``, ``InterfaceError``,      :class:`CheckpointerError`
+``IntegrityError``, ``DataError``,             (root class, *not* "unavailable":
+``NotSupportedError``, ``sqlite3.Warning``     these mean a bug in this module or
+                                               a SQLite limit; retrying will not
+                                               help, so they are not disguised
+                                               as an outage)
+===========================================  ===================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+from .._names import Partition
+from ..errors import BackendUnavailableError, CheckpointerError
+from . import query_options
+from .base import (
+    Backend,
+    Conflict,
+    Delete,
+    ListQuery,
+    Put,
+    Record,
+    WriteResult,
+    check_batch,
+    evaluate,
+)
+
+__all__ = ["MIGRATIONS", "SqliteBackend", "translate_errors"]
+
+T = TypeVar("T")
+
+#: Schema migrations. To change the schema, APPEND a new string to this list;
+#: its position is its version number. Never edit or remove an entry (turn a
+#: dead one into ``"SELECT 1"``), or files created by older releases would skip
+#: or repeat steps. Statements are separated by ``;`` (no ``;`` inside
+#: literals). Each migration runs inside the setup transaction.
+MIGRATIONS: list[str] = [
+    # v0: the version table itself.
+    """
+    CREATE TABLE IF NOT EXISTS schema_migrations (v INTEGER PRIMARY KEY)
+    """,
+    # v1: records, their tags, partition names, the sequence counter.
+    """
+    CREATE TABLE records (
+        pkey   TEXT    NOT NULL,
+        name   TEXT    NOT NULL,
+        seq    INTEGER NOT NULL,
+        etag   TEXT    NOT NULL,
+        digest TEXT    NOT NULL,
+        tags   TEXT    NOT NULL,
+        value  BLOB    NOT NULL,
+        PRIMARY KEY (pkey, name)
+    );
+    CREATE INDEX records_seq ON records (pkey, seq);
+    CREATE TABLE tags (
+        pkey TEXT NOT NULL,
+        name TEXT NOT NULL,
+        k    TEXT NOT NULL,
+        v    TEXT NOT NULL,
+        PRIMARY KEY (pkey, name, k)
+    ) WITHOUT ROWID;
+    CREATE INDEX tags_kv ON tags (pkey, k, v, name);
+    CREATE TABLE partitions (
+        pkey     TEXT NOT NULL PRIMARY KEY,
+        user_key TEXT NOT NULL,
+        name     BLOB NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX partitions_user ON partitions (user_key);
+    CREATE TABLE seq_counter (
+        id  INTEGER PRIMARY KEY CHECK (id = 0),
+        seq INTEGER NOT NULL
+    );
+    INSERT INTO seq_counter (id, seq) VALUES (0, 0)
+    """,
+]
+
+#: The schema version this module writes.
+SCHEMA_VERSION = len(MIGRATIONS) - 1
+
+_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+_CHUNK = 400  # names per IN (...) list; old SQLite builds allow 999 variables
+_COLUMNS = "name, seq, etag, digest, tags, value"
+_META_COLUMNS = "name, seq, etag, digest, tags, x'' AS value"
+
+# -- error translation -------------------------------------------------------
+
+#: Driver errors that mean "our bug or a hard SQLite limit", never an outage.
+_NOT_RETRYABLE: tuple[type[Exception], ...] = (
+    sqlite3.ProgrammingError,
+    sqlite3.InterfaceError,
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+    sqlite3.NotSupportedError,
+    sqlite3.Warning,
+)
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+@contextmanager
+def translate_errors(path: str | os.PathLike[str] = "") -> Iterator[None]:
+    """Turn ``sqlite3`` exceptions raised inside the block into library errors.
+
+    Outages (locked, busy, I/O, full disk, not a database, ...) become
+    :class:`BackendUnavailableError`; driver errors that signal a bug or a
+    SQLite limit become a plain :class:`CheckpointerError`, so nobody retries
+    them as if the disk were away. The driver's exception is chained as
+    ``__cause__``. Busy retries happen before this, in :func:`_retrying`.
+
+    >>> try:
+    ...     with translate_errors("x.db"):
+    ...         raise sqlite3.OperationalError("database is locked")
+    ... except BackendUnavailableError as exc:
+    ...     print(type(exc.__cause__).__name__, "->", type(exc).__name__)
+    OperationalError -> BackendUnavailableError
+    """
+    try:
+        yield
+    except _NOT_RETRYABLE as exc:
+        raise CheckpointerError(
+            f"SQLite database {str(path)!r}: the driver refused the operation "
+            f"({type(exc).__name__}: {exc}). This is not an outage and retrying will not "
+            f"help: it is a bug in checkpointers (please report it) or a SQLite limit."
+        ) from exc
+    except sqlite3.Error as exc:
+        if _is_busy(exc):
+            hint = (
+                "another connection held the write lock longer than the timeout; "
+                "raise timeout= or look for a long-running transaction on this file"
+            )
+        else:
+            hint = "check that the file is a SQLite database, its directory is writable and the disk has room"
+        raise BackendUnavailableError(
+            f"SQLite database {str(path)!r} is unavailable ({type(exc).__name__}: {exc}); {hint}"
+        ) from exc
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLITE_BUSY / SQLITE_LOCKED (worth waiting for)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _retrying(timeout: float, fn: Callable[..., T], *args: Any) -> T:
+    """Call ``fn(*args)``, retrying busy/locked errors until ``timeout`` has passed.
+
+    SQLite's busy handler already waits up to ``timeout`` for most lock
+    conflicts; this covers the ones it does not (WAL recovery, a concurrent
+    ``journal_mode`` change) with a bounded, growing backoff. Runs on whatever
+    thread executes the SQL (an aiosqlite worker thread for async calls), so
+    sleeping never blocks an event loop.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+# -- encodings of caller strings -----------------------------------------------
+
+
+def _text(value: str) -> str:
+    """Injective ASCII form of any Python string (used for tag keys and values)."""
+    return json.dumps(value)
+
+
+def _blob(value: str) -> bytes:
+    """Lossless bytes of any Python string, lone surrogates included."""
+    return value.encode("utf-8", "surrogatepass")
+
+
+def _unblob(value: bytes) -> str:
+    return bytes(value).decode("utf-8", "surrogatepass")
+
+
+def _tags_json(tags: Mapping[str, str]) -> str:
+    return json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
+
+
+def _record(row: Sequence[Any]) -> Record:
+    name, seq, etag, digest, tags, value = row
+    return Record(name, bytes(value), json.loads(tags), etag, digest, seq)
+
+
+def _prefix_upper_bound(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix``.
+
+    ``name >= prefix AND name < bound`` selects the prefix literally and uses
+    the primary key; ``LIKE`` would treat ``%`` and ``_`` (both legal in
+    names) as wildcards. ``None`` when no bound exists (all chars maximal).
+    """
+    stripped = prefix.rstrip(chr(0x10FFFF))
+    if not stripped:
+        return None
+    last = ord(stripped[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # skip the surrogate block, as UTF-8 order does
+        last = 0xE000
+    return stripped[:-1] + chr(last)
+
+
+def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+# -- the operations, written once as functions of a sqlite3 connection ---------
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, immediate: bool) -> Iterator[None]:
+    """One explicit transaction: COMMIT on success, ROLLBACK on any exception.
+
+    The block may end the transaction itself (a refused batch rolls back).
+    """
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    try:
+        yield
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the original error is the one worth reporting
+        raise
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    """Highest applied migration, or -1 for a fresh file."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if found is None:
+        return -1
+    (version,) = conn.execute("SELECT MAX(v) FROM schema_migrations").fetchone()
+    return -1 if version is None else int(version)
+
+
+def _statements(sql: str) -> list[str]:
+    return [s.strip() for s in sql.split(";") if s.strip()]
+
+
+def _setup(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL and apply the missing migrations (idempotent).
+
+    The check-and-migrate runs under ``BEGIN IMMEDIATE``, so two processes
+    opening a fresh file at once migrate it exactly once.
+    """
+    (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+    if str(mode).lower() != "wal":
+        raise CheckpointerError(
+            f"SQLite refused WAL mode (journal_mode is {mode!r}); several processes could "
+            f"not share this file safely. Put the database on a local filesystem."
+        )
+    if _schema_version(conn) == SCHEMA_VERSION:
+        return
+    with _transaction(conn, immediate=True):
+        conn.execute(MIGRATIONS[0])
+        version = _schema_version(conn)
+        if version > SCHEMA_VERSION:
+            raise CheckpointerError(
+                f"the database has schema version {version}, newer than this release "
+                f"understands ({SCHEMA_VERSION}); upgrade checkpointers to open it"
+            )
+        for v in range(version + 1, len(MIGRATIONS)):
+            for statement in _statements(MIGRATIONS[v]):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations (v) VALUES (?)", (v,))
+
+
+def _fetch(
+    conn: sqlite3.Connection, pkey: str, names: Sequence[str], values: bool
+) -> dict[str, Record]:
+    """The stored records among ``names`` (values replaced by ``b""`` unless asked)."""
+    cols = _COLUMNS if values else _META_COLUMNS
+    found: dict[str, Record] = {}
+    for chunk in _chunks(names):
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(
+            f"SELECT {cols} FROM records WHERE pkey = ? AND name IN ({marks})", (pkey, *chunk)
+        )
+        for row in rows:
+            found[row[0]] = _record(row)
+    return found
+
+
+def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Record | None]:
+    if not names:
+        return []
+    if len(names) <= _CHUNK:
+        found = _fetch(conn, pkey, names, values=True)
+    else:  # several statements: read one snapshot
+        with _transaction(conn, immediate=False):
+            found = _fetch(conn, pkey, names, values=True)
+    return [found.get(n) for n in names]
+
+
+def _write(
+    conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
+) -> WriteResult:
+    check_batch(puts, deletes)
+    if not puts and not deletes:
+        return WriteResult(records=[])
+    pkey = partition.key
+    with _transaction(conn, immediate=True):
+        names = [p.name for p in puts] + [d.name for d in deletes]
+        existing = _fetch(conn, pkey, names, values=False)
+        conflict, noops = evaluate(puts, deletes, existing)
+        if conflict is not None:
+            stored = None
+            if conflict.existing is not None:
+                stored = _fetch(conn, pkey, [conflict.name], values=True)[conflict.name]
+            conn.execute("ROLLBACK")
+            return WriteResult(records=[], conflict=Conflict(conflict.index, conflict.name, stored))
+
+        # Append no-ops keep the stored record (and its seq); the rest are applied.
+        kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
+        applied = [i for i in range(len(puts)) if i not in set(noops)]
+        seqs: dict[int, int] = {}
+        if applied:
+            conn.execute("UPDATE seq_counter SET seq = seq + ? WHERE id = 0", (len(applied),))
+            (last,) = conn.execute("SELECT seq FROM seq_counter WHERE id = 0").fetchone()
+            seqs = {i: last - len(applied) + 1 + n for n, i in enumerate(applied)}
+            conn.executemany(
+                "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pkey, name) DO UPDATE SET "
+                "seq = excluded.seq, etag = excluded.etag, digest = excluded.digest, "
+                "tags = excluded.tags, value = excluded.value",
+                [
+                    (pkey, puts[i].name, seqs[i], puts[i].etag, puts[i].digest,
+                     _tags_json(puts[i].tags), puts[i].value)
+                    for i in applied
+                ],
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
+                (pkey, partition.user_key, _blob(partition.name)),
+            )
+        retagged = [puts[i].name for i in applied] + [d.name for d in deletes]
+        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
+        conn.executemany(
+            "INSERT INTO tags (pkey, name, k, v) VALUES (?, ?, ?, ?)",
+            [
+                (pkey, puts[i].name, _text(k), _text(v))
+                for i in applied
+                for k, v in puts[i].tags.items()
+            ],
+        )
+        if deletes:
+            conn.executemany(
+                "DELETE FROM records WHERE pkey = ? AND name = ?", [(pkey, d.name) for d in deletes]
+            )
+            if conn.execute("SELECT 1 FROM records WHERE pkey = ? LIMIT 1", (pkey,)).fetchone() is None:
+                conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
+        out = [
+            Record(p.name, p.value, dict(p.tags), p.etag, p.digest, seqs[i]) if i in seqs else kept[p.name]
+            for i, p in enumerate(puts)
+        ]
+    return WriteResult(records=out)
+
+
+def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
+    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, tags via the index."""
+    if query.order not in ("name", "seq"):
+        raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
+    field = query.order
+    where = ["pkey = ?"]
+    params: list[Any] = [pkey]
+    if query.prefix:
+        where.append("name >= ?")
+        params.append(query.prefix)
+        upper = _prefix_upper_bound(query.prefix)
+        if upper is not None:
+            where.append("name < ?")
+            params.append(upper)
+    if query.start is not None:
+        where.append(f"{field} >= ?")
+        params.append(query.start)
+    if query.stop is not None:
+        where.append(f"{field} < ?")
+        params.append(query.stop)
+    if query.tags:
+        tagged = " INTERSECT ".join(
+            "SELECT name FROM tags WHERE pkey = ? AND k = ? AND v = ?" for _ in query.tags
+        )
+        where.append(f"name IN ({tagged})")
+        for k, v in query.tags.items():
+            params += [pkey, _text(k), _text(v)]
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    sql = (
+        f"SELECT {cols} FROM records WHERE {' AND '.join(where)} "
+        f"ORDER BY {field} {'DESC' if query.descending else 'ASC'}"
+    )
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        params.append(query.limit)
+    return sql, params
+
+
+def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
+    sql, params = _list_sql(pkey, query)
+    return [_record(row) for row in conn.execute(sql, params)]
+
+
+def _partitions(conn: sqlite3.Connection, user_key: str) -> list[str]:
+    rows = conn.execute("SELECT name FROM partitions WHERE user_key = ?", (user_key,))
+    return sorted(_unblob(name) for (name,) in rows)
+
+
+def _drop(conn: sqlite3.Connection, pkey: str) -> int:
+    with _transaction(conn, immediate=True):
+        count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
+        conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
+        conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
+    return count
+
+
+# -- the backend -----------------------------------------------------------------
+
+
+class SqliteBackend(Backend):
+    """Records in one SQLite file, safe for several threads and processes.
+
+    ``path`` must name a file (``:memory:`` is refused: the point is that
+    several processes share it); its directory must exist. ``timeout`` bounds
+    how long a call waits for another connection's write lock before raising
+    :class:`BackendUnavailableError`. ``synchronous`` is ``"NORMAL"`` (survives
+    ``kill -9``; a power loss may lose the last commits) or ``"FULL"`` /
+    ``"EXTRA"`` (also survives power loss, slower commits).
+
+    The file is opened (and migrated) in the constructor, so a bad path fails
+    here, not at the first write.
+
+    >>> import tempfile, os
+    >>> from checkpointers import Store
+    >>> path = os.path.join(tempfile.mkdtemp(), "state.db")
+    >>> with SqliteBackend(path) as backend:
+    ...     Store(backend).for_user("alice").set_item("runs/r1", "plan", [1, 2]).value
+    [1, 2]
+    """
+
+    kind = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        timeout: float = 30.0,
+        synchronous: str = "NORMAL",
+        max_idle_connections: int = 4,
+    ) -> None:
+        self.path = os.fspath(path)
+        if self.path in ("", ":memory:") or self.path.startswith("file:"):
+            raise ValueError(
+                f"SqliteBackend needs a file path, got {self.path!r}: in-memory databases "
+                f"cannot be shared between processes (use MemoryBackend for that)"
+            )
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        if str(synchronous).upper() not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        self.timeout = float(timeout)
+        self.synchronous = str(synchronous).upper()
+        self._max_idle = max_idle_connections
+        self._lock = threading.Lock()
+        self._setup_lock = threading.Lock()
+        self._ready = False
+        self._closed = False
+        self._idle: list[sqlite3.Connection] = []
+        self._aconns: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] = {}
+        with translate_errors(self.path):
+            self._idle.append(self._connect())
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SqliteBackend:
+        """Open ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
+
+        As in SQLAlchemy, everything after ``sqlite:///`` is the path (so an
+        absolute path gives four slashes). Query options ``timeout`` and
+        ``synchronous`` are accepted (``?timeout=5&synchronous=FULL``);
+        keyword ``options`` override them.
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite":
+            raise ValueError(f"not a sqlite:// URL: {url!r}")
+        if parts.netloc:
+            raise ValueError(
+                f"sqlite URL {url!r} names a host; use sqlite:///relative.db or "
+                f"sqlite:////absolute/path.db (three slashes, then the path)"
+            )
+        path = unquote(parts.path[1:])
+        if not path or path == ":memory:":
+            raise ValueError(
+                f"sqlite URL {url!r} names no file; in-memory databases cannot be shared "
+                f"between processes: use sqlite:///state.db or memory://"
+            )
+        merged: dict[str, Any] = dict(query_options(url))
+        unknown = set(merged) - {"timeout", "synchronous"}
+        if unknown:
+            raise ValueError(
+                f"unknown sqlite URL option(s) {sorted(unknown)}; supported: timeout, synchronous"
+            )
+        if "timeout" in merged:
+            merged["timeout"] = float(merged["timeout"])
+        merged.update(options)
+        return cls(Path(path), **merged)
+
+    # -- the five operations, sync and async: one line each ----------------------
+
+    def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        return self._run(_get, partition.key, tuple(names))
+
+    def write(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        return self._run(_write, partition, tuple(puts), tuple(deletes))
+
+    def list(self, partition: Partition, query: ListQuery) -> list[Record]:
+        return self._run(_list, partition.key, query)
+
+    def partitions(self, user: str, space: str) -> list[str]:
+        return self._run(_partitions, Partition(user, space, "").user_key)
+
+    def drop(self, partition: Partition) -> int:
+        return self._run(_drop, partition.key)
+
+    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        return await self._arun(_get, partition.key, tuple(names))
+
+    async def awrite(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        return await self._arun(_write, partition, tuple(puts), tuple(deletes))
+
+    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+        return await self._arun(_list, partition.key, query)
+
+    async def apartitions(self, user: str, space: str) -> list[str]:
+        return await self._arun(_partitions, Partition(user, space, "").user_key)
+
+    async def adrop(self, partition: Partition) -> int:
+        return await self._arun(_drop, partition.key)
+
+    # -- connections -----------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open and configure one connection; the first one also runs the migrations.
+
+        ``isolation_level=None``: transactions are explicit (``_transaction``).
+        ``check_same_thread=False``: the pool hands a connection to one thread
+        at a time, and ``close()`` may run on another thread.
+        """
+        conn = sqlite3.connect(
+            self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            if not self._ready:
+                with self._setup_lock:
+                    if not self._ready:
+                        _retrying(self.timeout, _setup, conn)
+                        self._ready = True
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _closed_error(self) -> BackendUnavailableError:
+        return BackendUnavailableError(f"SqliteBackend({self.path!r}) is closed; open a new one")
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on a pooled connection, errors translated."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            conn = self._idle.pop() if self._idle else None
+        with translate_errors(self.path):
+            if conn is None:
+                conn = self._connect()
+            try:
+                return _retrying(self.timeout, fn, conn, *args)
+            finally:
+                self._give_back(conn)
+
+    def _give_back(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle and not conn.in_transaction:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    async def _arun(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on this loop's aiosqlite worker thread."""
+        with translate_errors(self.path):
+            aconn = await self._aconnection()
+            result: T = await aconn._execute(_retrying, self.timeout, fn, aconn._conn, *args)
+            return result
+
+    async def _aconnection(self) -> Any:
+        """This event loop's aiosqlite connection, opened on first use.
+
+        An aiosqlite connection delivers results to the loop that awaits them,
+        and a loop that has closed can take none: so each running loop gets its
+        own, and connections of loops that have since closed are stopped here.
+        """
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            task = self._aconns.get(loop)
+            stale = [t for lp, t in self._aconns.items() if lp.is_closed()]
+            for lp in [lp for lp in self._aconns if lp.is_closed()]:
+                del self._aconns[lp]
+            if task is None:
+                task = loop.create_task(self._aopen())
+                self._aconns[loop] = task
+        for t in stale:
+            _stop(t)
+        try:
+            return await asyncio.shield(task)
+        except BaseException:
+            if task.done():
+                with self._lock:
+                    if self._aconns.get(loop) is task:
+                        del self._aconns[loop]
+            raise
+
+    async def _aopen(self) -> Any:
+        import aiosqlite
+
+        aconn = aiosqlite.Connection(self._connect, iter_chunk_size=64)
+        await aconn  # starts the worker thread, which runs self._connect
+        return aconn
+
+    def close(self) -> None:
+        """Close every connection: the pooled ones and each loop's aiosqlite one."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            tasks, self._aconns = list(self._aconns.values()), {}
+        for conn in idle:
+            conn.close()
+        for task in tasks:
+            _stop(task)
+
+    async def aclose(self) -> None:
+        """Close everything, awaiting this loop's aiosqlite connection."""
+        with self._lock:
+            task = self._aconns.pop(asyncio.get_running_loop(), None)
+        if task is not None:
+            try:
+                aconn = await task
+            except Exception:
+                aconn = None
+            if aconn is not None:
+                await aconn.close()
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteBackend({self.path!r})"
+
+
+def _stop(task: asyncio.Task[Any]) -> None:
+    """Stop the aiosqlite connection a finished open-task produced (no await needed).
+
+    ``Connection.stop()`` queues "close the sqlite3 connection, end the
+    thread" on the worker. It asks for the current event loop to attach a
+    future to; outside a loop that lookup may warn, which is irrelevant here.
+    """
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        task.result().stop()

@@ -1,0 +1,616 @@
+"""The LangGraph saver's storage layout and its flows, written once.
+
+Everything of one LangGraph thread lives in one partition
+``Partition(user, "langgraph", thread_id)``, so a thread is one atomic unit
+and ``delete_thread`` is one ``drop``. Inside it (``<x>`` is
+:func:`~checkpointers._names.encode_component` of a caller's value, so names
+never contain a caller's ``/`` and two different values never share a name)::
+
+    c/<ns>/<checkpoint id>                 checkpoint record      APPEND
+    w/<ns>/<checkpoint id>/<task id>/<i>   one task write         APPEND (i >= 0)
+                                                                  UPSERT (i < 0: special writes)
+    b/<sha256>                             a channel value        APPEND, staged
+
+A checkpoint record holds the checkpoint without its channel values, the
+merged metadata, the parent id and, per channel with a value, the digest of
+the blob holding it. Blobs are content-addressed: a value that does not change
+between checkpoints (or between threads copied from one another) is stored
+once. Blob puts come first in the batch and the checkpoint record last, so a
+backend that writes staged records ahead of the atomic unit (S3) never shows a
+checkpoint whose blobs are missing.
+
+Metadata scalars become tags (``m.<key>`` -> canonical JSON) so ``list(filter=)``
+can push them down; see :func:`metadata_tags` for why the pushdown never
+misses a record. Checkpoint ids are LangGraph's uuid6 strings, which sort by
+time, and ``encode_component`` keeps ``[A-Za-z0-9_-]`` as is, so name order
+is time order and the latest checkpoint is one ``list(limit=1)``.
+
+Each operation below is a generator of backend operations (see
+:mod:`checkpointers._flows`): the saver drives it with ``run`` in its sync
+methods and ``arun`` in its async ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    PendingWrite,
+    SerializerProtocol,
+    writes_sort_key,
+)
+
+from ._flows import (
+    Flow,
+    GetOp,
+    ListOp,
+    PartitionsOp,
+    WriteOp,
+    digest,
+    make_put,
+    new_etag,
+    verified,
+    write_flow,
+)
+from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size, check_tags
+from ._names import encode_component as enc
+from .backends.base import Delete, ListQuery, Mode, Put, Record
+from .errors import CorruptItemError
+
+__all__ = ["SPACE", "Found", "SaverFlows", "metadata_tags", "tag_value"]
+
+#: The partition space of every LangGraph thread.
+SPACE = "langgraph"
+_CKPT, _WRITE, _BLOB = "c/", "w/", "b/"
+_TAG_PREFIX = "m."
+_OVERFLOW = "~overflow"
+#: Metadata keys always tagged first (``delete_for_runs`` relies on ``run_id``).
+_PRIORITY = ("run_id", "source", "step")
+_FORMAT = 1
+_CACHE_SIZE = 1024
+
+
+# -- names --------------------------------------------------------------------
+
+
+def ckpt_prefix(ns: str) -> str:
+    return f"{_CKPT}{enc(ns)}/"
+
+
+def ckpt_name(ns: str, cid: str) -> str:
+    return ckpt_prefix(ns) + enc(cid)
+
+
+def writes_prefix(ns: str, cid: str) -> str:
+    return f"{_WRITE}{enc(ns)}/{enc(cid)}/"
+
+
+def _writes_prefix_of(ckpt: str) -> str:
+    """``c/<ns>/<cid>`` -> ``w/<ns>/<cid>/``."""
+    return _WRITE + ckpt[len(_CKPT) :] + "/"
+
+
+def _blob_name(digest_: str) -> str:
+    return _BLOB + digest_
+
+
+def _mode_of(name: str) -> Mode:
+    """The write mode a record of this name was written with (used by copy)."""
+    if name.startswith(_WRITE) and name.rsplit("/", 1)[1].startswith("-"):
+        return Mode.UPSERT
+    return Mode.APPEND
+
+
+# -- metadata tags ------------------------------------------------------------
+
+
+def tag_value(value: object) -> str | None:
+    """Canonical JSON of a scalar, or None if ``value`` cannot be a tag.
+
+    Equal scalars get equal encodings (``True``, ``1`` and ``1.0`` all give
+    ``"1"``, as they are ``==`` in Python) and unequal ones different
+    encodings (``"1"`` gives ``'"1"'``), so a tag match is exactly a Python
+    ``==`` match. NaN (never equal to anything) and values over the tag length
+    limit are not tags.
+    """
+    if isinstance(value, bool):
+        out = str(int(value))
+    elif isinstance(value, int):
+        out = str(int(value))
+    elif isinstance(value, float):
+        if math.isnan(value):
+            return None
+        out = str(int(value)) if value.is_integer() else json.dumps(float(value))
+    elif isinstance(value, str):
+        out = json.dumps(str(value))
+    else:
+        return None
+    return out if len(out) <= MAX_TAG_VALUE_LENGTH else None
+
+
+def _tag_key(key: object) -> str | None:
+    if not isinstance(key, str) or "\x00" in key:
+        return None
+    out = _TAG_PREFIX + key
+    return out if len(out) <= MAX_TAG_KEY_LENGTH else None
+
+
+def metadata_tags(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The tags of a checkpoint record: its taggable metadata scalars.
+
+    Up to 16 taggable keys are all tagged. With more, the ``run_id``,
+    ``source`` and ``step`` keys and then the others by name fill 15 tags and
+    the 16th marks the record ``~overflow``. A filter is pushed down as two
+    queries, records carrying every filtered tag and ``~overflow`` records,
+    so a record that matches is always found; results are then checked
+    against the full filter, so both paths give exactly the brute-force result.
+    """
+    eligible: dict[str, str] = {}
+    for key, value in metadata.items():
+        tkey, tval = _tag_key(key), tag_value(value)
+        if tkey is not None and tval is not None:
+            eligible[tkey] = tval
+    if len(eligible) <= MAX_TAGS:
+        return eligible
+    first = [_TAG_PREFIX + k for k in _PRIORITY if _TAG_PREFIX + k in eligible]
+    order = first + sorted(k for k in eligible if k not in first)
+    tags = {k: eligible[k] for k in order[: MAX_TAGS - 1]}
+    tags[_OVERFLOW] = "1"
+    return tags
+
+
+def _filter_queries(
+    prefix: str, flt: Mapping[str, Any], *, descending: bool, stop: str | None, limit: int | None
+) -> list[ListQuery]:
+    """The queries whose union holds every record matching ``flt`` (see above)."""
+    pushed: dict[str, str] = {}
+    for key, value in flt.items():
+        tkey, tval = _tag_key(key), tag_value(value)
+        if tkey is not None and tval is not None:
+            pushed[tkey] = tval
+    exact = len(pushed) == len(flt)  # every filter key is in the tags: no post-filter loss
+    main = ListQuery(
+        prefix=prefix, descending=descending, stop=stop, tags=pushed, limit=limit if exact else None
+    )
+    if not pushed:
+        return [main]
+    always = {k: v for k, v in pushed.items() if k[len(_TAG_PREFIX) :] in _PRIORITY}
+    overflow = ListQuery(prefix=prefix, descending=descending, stop=stop, tags={_OVERFLOW: "1", **always})
+    return [main, overflow]
+
+
+def matches(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    """The brute-force filter: every key equal (``==``), as LangGraph's savers do."""
+    return not flt or all(k in metadata and metadata[k] == v for k, v in flt.items())
+
+
+# -- records ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A decoded checkpoint record (channel values not loaded yet)."""
+
+    name: str
+    ns: str
+    cid: str
+    parent: str | None
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+    blobs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint with its channel values and pending writes, ready to return."""
+
+    thread: str
+    ns: str
+    cid: str
+    parent: str | None
+    checkpoint: Checkpoint
+    metadata: CheckpointMetadata
+    pending_writes: list[PendingWrite]
+
+
+def _frame(typed: tuple[str, bytes]) -> bytes:
+    kind = typed[0].encode("utf-8")
+    if len(kind) > 255:
+        raise TypeError(f"serializer type name {typed[0]!r} is over 255 bytes")
+    return bytes([len(kind)]) + kind + bytes(typed[1])
+
+
+def _unframe(data: bytes) -> tuple[str, bytes]:
+    if not data:
+        raise ValueError("empty record")
+    n = data[0]
+    if len(data) < 1 + n:
+        raise ValueError("truncated type header")
+    return data[1 : 1 + n].decode("utf-8"), data[1 + n :]
+
+
+class SaverFlows:
+    """The saver's semantics as flows; mixed into :class:`~checkpointers.savers.Checkpointer`.
+
+    Needs ``self.serde`` and ``self.max_item_bytes``; keeps a small cache of
+    the last checkpoint written per (user, thread, namespace) so that a put
+    finds the blobs of unchanged channels without reading its parent.
+    """
+
+    serde: SerializerProtocol
+    max_item_bytes: int
+
+    def _init_flows(self) -> None:
+        self._recent: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], dict[str, str]]] = OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    # -- encoding ---------------------------------------------------------
+
+    def _dump(self, label: str, obj: Any) -> bytes:
+        """Serialize with the saver's serde, then enforce the size cap (no I/O)."""
+        try:
+            typed = self.serde.dumps_typed(obj)
+        except Exception as exc:
+            raise TypeError(
+                f"{label}: {type(self.serde).__name__} cannot serialize a value of type "
+                f"{type(obj).__name__} ({type(exc).__name__}: {exc}); nothing was written. "
+                f"Store plain data (dicts, lists, str, numbers, pydantic models, dataclasses)."
+            ) from exc
+        data = _frame(typed)
+        check_size(label, len(data), self.max_item_bytes)
+        return data
+
+    def _load(self, label: str, record: Record) -> Any:
+        """Verify the digest and deserialize; any failure is CorruptItemError."""
+        verified(record, label)
+        try:
+            return self.serde.loads_typed(_unframe(record.value))
+        except Exception as exc:
+            raise CorruptItemError(label, f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
+
+    def _stored(self, record: Record, where: str) -> Stored:
+        label = f"checkpoint record {record.name!r} of {where}"
+        payload = self._load(label, record)
+        try:
+            if payload["v"] != _FORMAT:
+                raise ValueError(f"unknown record format {payload['v']!r}")
+            return Stored(
+                record.name,
+                payload["ns"],
+                payload["id"],
+                payload["parent"],
+                payload["checkpoint"],
+                payload["metadata"],
+                payload["blobs"],
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
+
+    def _remember(self, p: Partition, ns: str, cid: str, versions: Mapping[str, Any], blobs: Mapping[str, str]) -> None:
+        with self._recent_lock:
+            self._recent[(p.key, ns)] = (cid, dict(versions), dict(blobs))
+            self._recent.move_to_end((p.key, ns))
+            while len(self._recent) > _CACHE_SIZE:
+                self._recent.popitem(last=False)
+
+    def _recalled(self, p: Partition, ns: str, cid: str) -> tuple[dict[str, Any], dict[str, str]] | None:
+        with self._recent_lock:
+            hit = self._recent.get((p.key, ns))
+        return (hit[1], hit[2]) if hit and hit[0] == cid else None
+
+    def _forget(self, p: Partition) -> None:
+        with self._recent_lock:
+            for key in [k for k in self._recent if k[0] == p.key]:
+                del self._recent[key]
+
+    # -- put ----------------------------------------------------------------
+
+    def put_flow(
+        self,
+        p: Partition,
+        ns: str,
+        parent: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Flow[None]:
+        """Store a checkpoint: new blobs then the record, in one atomic batch."""
+        cid = checkpoint["id"]
+        where = f"checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+        values: dict[str, Any] = checkpoint.get("channel_values") or {}
+        versions: dict[str, Any] = dict(checkpoint.get("channel_versions") or {})
+        blobs: dict[str, str] = {}
+        blob_puts: dict[str, Put] = {}
+        inherited: list[str] = []
+
+        def add_blob(channel: str) -> None:
+            data = self._dump(f"channel {channel!r} of {where}", values[channel])
+            sha = digest(data)
+            name = _blob_name(sha)
+            if name not in blob_puts:
+                blob_puts[name] = make_put(name, data, mode=Mode.APPEND, staged=True)
+            blobs[channel] = sha
+
+        for channel in versions:
+            if channel in new_versions:
+                if channel in values:
+                    add_blob(channel)
+            else:
+                inherited.append(channel)
+        if inherited:
+            prior = self._recalled(p, ns, parent) if parent else None
+            if prior is None and parent:
+                (rec,) = yield GetOp(p, [ckpt_name(ns, parent)])
+                if rec is not None:
+                    got = self._stored(rec, where)
+                    prior = (got.checkpoint.get("channel_versions", {}), got.blobs)
+            for channel in inherited:
+                if prior and channel in prior[1] and prior[0].get(channel) == versions[channel]:
+                    blobs[channel] = prior[1][channel]
+                elif channel in values:
+                    add_blob(channel)
+        saved = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        payload = {
+            "v": _FORMAT,
+            "ns": ns,
+            "id": cid,
+            "parent": parent,
+            "checkpoint": saved,
+            "metadata": dict(metadata),
+            "blobs": blobs,
+        }
+        tags = check_tags(where, metadata_tags(metadata))
+        record = make_put(ckpt_name(ns, cid), self._dump(where, payload), tags=tags, mode=Mode.APPEND)
+        puts = [*blob_puts.values(), record]
+        labels = [f"blob {n} of {where}" for n in blob_puts] + [where]
+        yield from write_flow(p, puts, (), labels)
+        self._remember(p, ns, cid, versions, blobs)
+
+    def put_writes_flow(
+        self,
+        p: Partition,
+        ns: str,
+        cid: str,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Flow[None]:
+        """Store one task's writes in one atomic batch (before or after its checkpoint)."""
+        puts: dict[str, Put] = {}
+        labels: dict[str, str] = {}
+        for i, (channel, value) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, i)
+            label = (
+                f"write {idx} ({channel!r}) of task {task_id!r} at checkpoint {cid!r} "
+                f"(thread {p.name!r}, namespace {ns!r})"
+            )
+            payload = {"task_id": task_id, "task_path": task_path, "channel": channel, "idx": idx, "value": value}
+            name = f"{writes_prefix(ns, cid)}{enc(task_id)}/{idx}"
+            mode = Mode.APPEND if idx >= 0 else Mode.UPSERT
+            puts.pop(name, None)  # a repeated special write: the last one wins
+            puts[name] = make_put(name, self._dump(label, payload), mode=mode)
+            labels[name] = label
+        if puts:
+            yield from write_flow(p, list(puts.values()), (), [labels[n] for n in puts])
+
+    # -- read -----------------------------------------------------------------
+
+    def get_flow(self, p: Partition, ns: str, cid: str | None) -> Flow[Found | None]:
+        """The checkpoint ``cid``, or the latest of the namespace: a bounded number of calls."""
+        if cid:
+            (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
+        else:
+            recs = yield ListOp(p, ListQuery(prefix=ckpt_prefix(ns), order="name", descending=True, limit=1))
+            rec = recs[0] if recs else None
+        if rec is None:
+            return None
+        found = yield from self._hydrate(p, [self._stored(rec, f"thread {p.name!r}")])
+        return found[0]
+
+    def _hydrate(self, p: Partition, stored: Sequence[Stored]) -> Flow[list[Found]]:
+        """Load the blobs (one get) and the pending writes of checkpoints of one thread."""
+        where = f"thread {p.name!r}"
+        digests = sorted({d for s in stored for d in s.blobs.values()})
+        values: dict[str, Any] = {}
+        if digests:
+            recs = yield GetOp(p, [_blob_name(d) for d in digests])
+            for d, rec in zip(digests, recs):
+                if rec is None:
+                    raise CorruptItemError(_blob_name(d), f"blob referenced by a checkpoint of {where} is missing")
+                if rec.digest != d:
+                    raise CorruptItemError(_blob_name(d), "stored digest does not match its name")
+                values[d] = self._load(f"blob {d} of {where}", rec)
+        by_ns: dict[str, list[Stored]] = {}
+        for s in stored:
+            by_ns.setdefault(s.ns, []).append(s)
+        writes: dict[str, list[Record]] = {}
+        for ns, group in by_ns.items():
+            if len(group) > 4:  # one listing for the namespace beats one per checkpoint
+                recs = yield ListOp(p, ListQuery(prefix=f"{_WRITE}{enc(ns)}/"))
+                for rec in recs:
+                    writes.setdefault(rec.name.rsplit("/", 2)[0] + "/", []).append(rec)
+            else:
+                for s in group:
+                    pre = writes_prefix(s.ns, s.cid)
+                    writes[pre] = yield ListOp(p, ListQuery(prefix=pre))
+        out: list[Found] = []
+        for s in stored:
+            pending = []
+            for rec in writes.get(writes_prefix(s.ns, s.cid), []):
+                w = self._load(f"write {rec.name!r} of {where}", rec)
+                pending.append(w)
+            pending.sort(key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
+            checkpoint: Any = {**s.checkpoint, "channel_values": {ch: values[d] for ch, d in s.blobs.items()}}
+            out.append(
+                Found(
+                    p.name,
+                    s.ns,
+                    s.cid,
+                    s.parent,
+                    checkpoint,
+                    s.metadata,  # type: ignore[arg-type]
+                    [(w["task_id"], w["channel"], w["value"]) for w in pending],
+                )
+            )
+        return out
+
+    def list_flow(
+        self,
+        parts: Sequence[Partition] | None,
+        user: str,
+        ns: str | None,
+        cid: str | None,
+        flt: Mapping[str, Any] | None,
+        before: str | None,
+        limit: int | None,
+    ) -> Flow[list[Found]]:
+        """Checkpoints newest first; ``parts=None`` means every thread of ``user``."""
+        flt = dict(flt or {})
+        if limit is not None and limit <= 0:
+            return []
+        if parts is None:
+            names = yield PartitionsOp(user, SPACE)
+            parts = [Partition(user, SPACE, n) for n in names]
+        single = len(parts) == 1 and ns is not None and not cid
+        picked: list[tuple[Partition, Stored]] = []
+        for p in parts:
+            if cid and ns is not None:
+                (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
+                if rec is not None:
+                    s = self._stored(rec, f"thread {p.name!r}")
+                    if (not before or s.cid < before) and matches(s.metadata, flt):
+                        picked.append((p, s))
+                continue
+            if single:
+                assert ns is not None
+                prefix = ckpt_prefix(ns)
+                stop = ckpt_name(ns, before) if before else None
+                queries = _filter_queries(prefix, flt, descending=True, stop=stop, limit=limit)
+            else:
+                prefix = ckpt_prefix(ns) if ns is not None else _CKPT
+                queries = _filter_queries(prefix, flt, descending=True, stop=None, limit=None)
+            seen: dict[str, Record] = {}
+            for q in queries:
+                for rec in (yield ListOp(p, q)):
+                    seen.setdefault(rec.name, rec)
+            for rec in seen.values():
+                s = self._stored(rec, f"thread {p.name!r}")
+                if ns is not None and s.ns != ns:
+                    continue
+                if cid and s.cid != cid:
+                    continue
+                if before and not s.cid < before:
+                    continue
+                if matches(s.metadata, flt):
+                    picked.append((p, s))
+        picked.sort(key=lambda ps: ps[1].cid, reverse=True)
+        if limit is not None:
+            picked = picked[:limit]
+        out: list[Found] = []
+        groups: dict[str, tuple[Partition, list[Stored]]] = {}
+        for p, s in picked:
+            groups.setdefault(p.key, (p, []))[1].append(s)
+        loaded: dict[tuple[str, str], Found] = {}
+        for p, group in groups.values():
+            for f in (yield from self._hydrate(p, group)):
+                loaded[(p.key, f.cid + "\x00" + f.ns)] = f
+        for p, s in picked:
+            out.append(loaded[(p.key, s.cid + "\x00" + s.ns)])
+        return out
+
+    # -- thread management ------------------------------------------------------
+
+    def copy_flow(self, src: Partition, dst: Partition) -> Flow[int]:
+        """Copy every record of ``src`` into ``dst`` in one batch (blobs first)."""
+        recs = yield ListOp(src, ListQuery())
+        rank = {_BLOB: 0, _WRITE: 1, _CKPT: 2}
+        recs = sorted(recs, key=lambda r: (rank.get(r.name[:2], 3), r.name))
+        puts = [
+            Put(
+                r.name,
+                verified(r, f"record {r.name!r} of thread {src.name!r}").value,
+                r.digest,
+                new_etag(),
+                dict(r.tags),
+                _mode_of(r.name),
+                None,
+                r.name.startswith(_BLOB),
+            )
+            for r in recs
+        ]
+        if puts:
+            labels = [f"record {r.name!r} copied to thread {dst.name!r}" for r in recs]
+            yield from write_flow(dst, puts, (), labels)
+            self._forget(dst)
+        return len(puts)
+
+    def prune_flow(self, p: Partition) -> Flow[None]:
+        """Keep the latest checkpoint per namespace and its writes; drop the rest."""
+        recs = yield ListOp(p, ListQuery(prefix=_CKPT, values=False))
+        names = [r.name for r in recs]
+        latest: dict[str, str] = {}
+        for n in names:
+            group = n.rsplit("/", 1)[0]
+            if n > latest.get(group, ""):
+                latest[group] = n
+        keep = set(latest.values())
+        yield from self._collect_flow(p, names, {n for n in names if n not in keep}, orphans=True)
+
+    def delete_runs_flow(self, user: str, run_ids: Iterable[Any]) -> Flow[None]:
+        """Delete every checkpoint of ``user`` made by one of ``run_ids`` (with its writes)."""
+        run_ids = list(run_ids)
+        if not run_ids:
+            return
+        tagged = {tag_value(r): r for r in run_ids}
+        threads = yield PartitionsOp(user, SPACE)
+        for thread in threads:
+            p = Partition(user, SPACE, thread)
+            doomed: set[str] = set()
+            if None in tagged:  # a run id that cannot be a tag: read every record
+                for rec in (yield ListOp(p, ListQuery(prefix=_CKPT))):
+                    if self._stored(rec, f"thread {thread!r}").metadata.get("run_id", object()) in run_ids:
+                        doomed.add(rec.name)
+            for tval in tagged:
+                if tval is None:
+                    continue
+                q = ListQuery(prefix=_CKPT, tags={_TAG_PREFIX + "run_id": tval}, values=False)
+                doomed.update(r.name for r in (yield ListOp(p, q)))
+            if doomed:
+                recs = yield ListOp(p, ListQuery(prefix=_CKPT, values=False))
+                yield from self._collect_flow(p, [r.name for r in recs], doomed, orphans=False)
+
+    def _collect_flow(self, p: Partition, names: Sequence[str], doomed: set[str], *, orphans: bool) -> Flow[None]:
+        """Delete ``doomed`` checkpoints, their writes and unreferenced blobs, atomically.
+
+        ``orphans=True`` also deletes writes whose checkpoint is not kept
+        (``prune``); otherwise only the doomed checkpoints' writes go.
+        """
+        remaining = [n for n in names if n not in doomed]
+        referenced: set[str] = set()
+        if remaining:
+            for rec in (yield GetOp(p, remaining)):
+                if rec is not None:
+                    referenced.update(self._stored(rec, f"thread {p.name!r}").blobs.values())
+        kept = {_writes_prefix_of(n) for n in remaining}
+        gone = {_writes_prefix_of(n) for n in doomed}
+        deletes = [Delete(n) for n in sorted(doomed)]
+        for rec in (yield ListOp(p, ListQuery(prefix=_WRITE, values=False))):
+            pre = rec.name.rsplit("/", 2)[0] + "/"
+            if (pre not in kept) if orphans else (pre in gone):
+                deletes.append(Delete(rec.name))
+        for rec in (yield ListOp(p, ListQuery(prefix=_BLOB, values=False))):
+            if rec.name[len(_BLOB) :] not in referenced:
+                deletes.append(Delete(rec.name))
+        if deletes:
+            yield WriteOp(p, (), tuple(deletes))
+        self._forget(p)

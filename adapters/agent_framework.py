@@ -1,0 +1,551 @@
+"""Agent Framework face: a ``CheckpointStorage`` over any backend, bound to one user.
+
+:class:`IsolatedCheckpointStorage` implements the ``CheckpointStorage``
+protocol of ``agent_framework`` (PyPI ``agent-framework-core``; tested with
+1.23.x, pinned in the ``agent-framework`` extra) over memory, SQLite, Redis or
+S3::
+
+    from agent_framework import WorkflowBuilder
+    from adapters.agent_framework import IsolatedCheckpointStorage
+
+    storage = IsolatedCheckpointStorage(
+        "sqlite:///state.db",
+        user="alice",
+        allowed_checkpoint_types=["my_app.models:MyState"],
+    )
+    workflow = WorkflowBuilder(start_executor=start, checkpoint_storage=storage).build()
+    await workflow.run(first_message)
+    storage.raise_if_refused()          # make refused saves fail the run (see below)
+
+    # later, in any process, on a fresh workflow instance:
+    latest = await storage.get_latest(workflow_name=workflow.name)
+    await workflow.run(checkpoint_id=latest.checkpoint_id)
+
+How checkpoints are stored
+==========================
+
+All checkpoints of one user live in one partition,
+``Partition(user, "agent_framework", "checkpoints")``, one record per
+checkpoint named ``c/<encoded checkpoint id>``. A checkpoint id therefore only
+means something inside its user's partition: guessing another user's id finds
+nothing. Each record is
+
+* the framework's own checkpoint encoding (``encode_checkpoint_value``: JSON
+  with pickled leaves), serialized as UTF-8 JSON and capped at
+  ``max_item_bytes`` (1 MiB by default);
+* written in append mode: saving the same id again with identical bytes is a
+  no-op, with different bytes it raises
+  :class:`~checkpointers.errors.StepMismatchError` and keeps the stored one;
+* tagged with ``workflow`` (the workflow name), ``graph`` (graph signature
+  hash), ``previous`` (previous checkpoint id), ``id``, ``iteration``,
+  ``timestamp`` and ``format`` (7 of the 16 tags allowed). Values longer than
+  256 characters are stored as ``sha256:<hex>`` of the value.
+
+``get_latest`` and ``list_checkpoint_ids`` query that index (tag ``workflow``,
+ordered by the store-assigned write sequence), they never read every
+checkpoint. "Latest" is the checkpoint saved last, never the one with the
+largest timestamp: timestamps tie and go backwards, write sequences do not.
+
+Decoding is restricted to the framework's safe types plus
+``allowed_checkpoint_types`` (``"module:qualname"`` strings, as for the
+framework's ``FileCheckpointStorage``) and types registered with
+``agent_framework.register_checkpoint_type``. ``save`` decodes what it encoded
+before writing, so a checkpoint that could not be restored is refused at
+save time, not discovered at resume time.
+
+Errors
+======
+
+``load`` of an id that this user does not have raises the framework's
+``WorkflowCheckpointException``; so do an invalid id
+(:class:`InvalidCheckpointIdError`) and damaged or undecodable stored data
+(:class:`CorruptCheckpointError`), which are also
+``checkpointers`` errors (``InvalidNameError`` / ``CorruptItemError``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
+from agent_framework._workflows._checkpoint_encoding import (
+    decode_checkpoint_value,
+    encode_checkpoint_value,
+)
+
+from checkpointers._flows import Flow, GetOp, ListOp, WriteOp, arun, make_put, verified, write_flow
+from checkpointers._names import (
+    ANONYMOUS_USER,
+    DEFAULT_MAX_ITEM_BYTES,
+    MAX_TAG_VALUE_LENGTH,
+    Partition,
+    check_size,
+    check_tags,
+    encode_component,
+    validate_user,
+)
+from checkpointers.backends import Backend, open_backend
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put, Record
+from checkpointers.errors import (
+    CheckpointerError,
+    CorruptItemError,
+    InvalidNameError,
+    IsolationError,
+)
+
+__all__ = [
+    "CheckpointSaveRefusedError",
+    "CorruptCheckpointError",
+    "InvalidCheckpointIdError",
+    "IsolatedCheckpointStorage",
+    "RefusedSave",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The partition space of this face and the one partition name per user.
+SPACE = "agent_framework"
+PARTITION_NAME = "checkpoints"
+#: Name prefix of checkpoint records inside the partition.
+RECORD_PREFIX = "c/"
+#: Longest checkpoint id accepted (the framework's default ids are 36-character UUIDs).
+MAX_CHECKPOINT_ID_LENGTH = 256
+_HASHED_TAG = "sha256:"
+
+# Tag names (7 of the 16 a record may carry).
+TAG_ID = "id"
+TAG_WORKFLOW = "workflow"
+TAG_GRAPH = "graph"
+TAG_PREVIOUS = "previous"
+TAG_ITERATION = "iteration"
+TAG_TIMESTAMP = "timestamp"
+TAG_FORMAT = "format"
+
+
+class InvalidCheckpointIdError(InvalidNameError, WorkflowCheckpointException):
+    """A checkpoint id is not a string of 1-256 printable characters.
+
+    Raised before any I/O. It is both a ``checkpointers`` ``InvalidNameError``
+    (a ``ValueError``) and the framework's ``WorkflowCheckpointException``.
+    """
+
+    def __init__(self, checkpoint_id: object, reason: str) -> None:
+        super().__init__("checkpoint id", checkpoint_id, reason)
+
+
+class CorruptCheckpointError(CorruptItemError, WorkflowCheckpointException):
+    """A stored checkpoint failed its digest check or cannot be decoded.
+
+    Damaged data is never returned, and ``get_latest`` never falls back to an
+    older checkpoint. A checkpoint saved with a type that is no longer in
+    ``allowed_checkpoint_types`` lands here too: allow the type again, or
+    ``delete`` the checkpoint.
+    """
+
+
+class CheckpointSaveRefusedError(CheckpointerError, WorkflowCheckpointException):
+    """Raised by :meth:`IsolatedCheckpointStorage.raise_if_refused`.
+
+    ``refusals`` lists every :class:`RefusedSave` since the last call; the
+    last refusal's error is chained as ``__cause__``.
+    """
+
+    def __init__(self, refusals: list[RefusedSave]) -> None:
+        self.refusals = refusals
+        shown = "; ".join(f"{r.checkpoint_id!r}: {r.error}" for r in refusals[:3])
+        more = f" (and {len(refusals) - 3} more)" if len(refusals) > 3 else ""
+        super().__init__(
+            f"{len(refusals)} checkpoint save(s) were refused during the run, so resuming "
+            f"would start from an older checkpoint: {shown}{more}"
+        )
+
+
+@dataclass(frozen=True)
+class RefusedSave:
+    """One refused ``save``: which checkpoint, of which workflow, and why."""
+
+    checkpoint_id: str
+    workflow_name: str
+    error: Exception
+
+
+def _record_name(checkpoint_id: str) -> str:
+    """The backend record name of a (validated) checkpoint id."""
+    return RECORD_PREFIX + encode_component(checkpoint_id)
+
+
+def _check_id(checkpoint_id: object) -> str:
+    """Validate a checkpoint id: a string of 1-256 characters, no control characters."""
+    if not isinstance(checkpoint_id, str):
+        raise InvalidCheckpointIdError(checkpoint_id, "must be a string")
+    if not 1 <= len(checkpoint_id) <= MAX_CHECKPOINT_ID_LENGTH:
+        raise InvalidCheckpointIdError(
+            checkpoint_id,
+            f"must be 1-{MAX_CHECKPOINT_ID_LENGTH} characters, got {len(checkpoint_id)}",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in checkpoint_id):
+        raise InvalidCheckpointIdError(checkpoint_id, "must not contain control characters or NUL")
+    try:
+        checkpoint_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidCheckpointIdError(checkpoint_id, "must be valid unicode (no lone surrogates)") from None
+    return checkpoint_id
+
+
+def _check_workflow_name(workflow_name: object) -> str:
+    if not isinstance(workflow_name, str):
+        raise InvalidNameError("workflow name", workflow_name, "must be a string")
+    return workflow_name
+
+
+def _tag_value(value: str) -> str:
+    """``value`` as a tag value, or ``sha256:<hex>`` when it cannot be one.
+
+    Values that are too long, hold NUL or lone surrogates, or already start
+    with the ``sha256:`` marker are hashed, so the mapping stays injective.
+    """
+    try:
+        value.encode("utf-8")
+        plain = (
+            len(value) <= MAX_TAG_VALUE_LENGTH
+            and "\x00" not in value
+            and not value.startswith(_HASHED_TAG)
+        )
+    except UnicodeEncodeError:
+        plain = False
+    if plain:
+        return value
+    return _HASHED_TAG + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class IsolatedCheckpointStorage:
+    """An ``agent_framework`` ``CheckpointStorage`` bound to one user, over any backend.
+
+    Args:
+        backend: a :class:`~checkpointers.backends.Backend`, or a store URL for
+            :func:`~checkpointers.backends.open_backend` (``sqlite:///x.db``,
+            ``redis://...``, ``s3://bucket/prefix``, ``memory://``); a backend
+            opened from a URL is closed by :meth:`close` / :meth:`aclose`.
+        user: the user whose checkpoints this storage reads and writes.
+            Required (non-empty) while ``user_isolation`` is on.
+        user_isolation: ``False`` uses the shared anonymous space instead
+            (``user`` must then be omitted); it is isolated from every named user.
+        allowed_checkpoint_types: extra ``"module:qualname"`` types allowed when
+            decoding, beyond the framework's safe set (as ``FileCheckpointStorage``).
+        max_item_bytes: cap on one serialized checkpoint (default 1 MiB).
+        on_refused: called with a :class:`RefusedSave` each time ``save`` refuses.
+        **backend_options: passed to ``open_backend`` when ``backend`` is a URL.
+
+    **Refused saves are made visible.** The framework's runner catches every
+    exception from ``save()``, logs a warning and carries on, so a refused save
+    (over the size cap, a type outside the allowlist, a different checkpoint
+    under an existing id, a backend outage) would vanish, and a later resume
+    would silently start from an older checkpoint. This storage therefore
+
+    * logs each refusal at ERROR on the ``adapters.agent_framework`` logger,
+      with the checkpoint id, the workflow and the reason;
+    * counts it: :attr:`refused_saves` (since creation) and :attr:`refusals`
+      (the :class:`RefusedSave` records not yet raised);
+    * calls ``on_refused(refusal)`` if given (its exceptions are logged, not raised);
+    * and :meth:`raise_if_refused` — call it after ``workflow.run(...)`` —
+      raises :class:`CheckpointSaveRefusedError` (a
+      ``WorkflowCheckpointException``) if any save was refused since the last
+      call, which is the opt-in that makes the run fail.
+
+    Calling ``save`` directly still raises the original error.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | str,
+        *,
+        user: str | None = None,
+        user_isolation: bool = True,
+        allowed_checkpoint_types: Iterable[str] | None = None,
+        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
+        on_refused: Callable[[RefusedSave], None] | None = None,
+        **backend_options: Any,
+    ) -> None:
+        if isinstance(backend, str):
+            self.backend: Backend = open_backend(backend, **backend_options)
+            self._owns_backend = True
+        elif backend_options:
+            raise TypeError(
+                f"backend options {sorted(backend_options)} are only accepted with a store URL"
+            )
+        else:
+            self.backend = backend
+            self._owns_backend = False
+        if user_isolation:
+            if user is None or user == "":
+                raise IsolationError(
+                    "IsolatedCheckpointStorage is bound to one user: pass user=<user id> "
+                    "(or user_isolation=False to use the shared anonymous space)"
+                )
+            self.user: str = validate_user(user)
+        else:
+            if user is not None:
+                raise ValueError("user_isolation=False uses the anonymous space: do not pass user=")
+            self.user = ANONYMOUS_USER
+        if isinstance(allowed_checkpoint_types, str):
+            raise TypeError("allowed_checkpoint_types must be a list of 'module:qualname' strings")
+        if max_item_bytes <= 0:
+            raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        self.user_isolation = user_isolation
+        self.allowed_checkpoint_types: frozenset[str] = frozenset(allowed_checkpoint_types or ())
+        self.max_item_bytes = max_item_bytes
+        self.on_refused = on_refused
+        #: The one partition holding every checkpoint of this user.
+        self.partition = Partition(self.user, SPACE, PARTITION_NAME)
+        #: Refused saves not yet raised by :meth:`raise_if_refused`.
+        self.refusals: list[RefusedSave] = []
+        #: Number of refused saves since this storage was created.
+        self.refused_saves = 0
+
+    def for_user(self, user: str) -> IsolatedCheckpointStorage:
+        """A storage for ``user`` sharing this one's backend and settings.
+
+        The view has its own refusal records and never closes the backend.
+        """
+        return IsolatedCheckpointStorage(
+            self.backend,
+            user=user,
+            allowed_checkpoint_types=self.allowed_checkpoint_types,
+            max_item_bytes=self.max_item_bytes,
+            on_refused=self.on_refused,
+        )
+
+    # -- the CheckpointStorage protocol ----------------------------------
+
+    async def save(self, checkpoint: WorkflowCheckpoint) -> str:
+        """Store ``checkpoint`` (append-only by id) and return its id.
+
+        Raises:
+            InvalidCheckpointIdError: the id is not 1-256 printable characters.
+            WorkflowCheckpointException: it cannot be encoded, or would not
+                decode under the allowed types.
+            ItemTooLargeError: over ``max_item_bytes``; nothing was written.
+            StepMismatchError: this id is stored with different content.
+            BackendUnavailableError: the backend could not be reached.
+
+        Every refusal is also logged, counted and reported to ``on_refused``.
+        """
+        try:
+            return await arun(self._save_flow(checkpoint), self.backend)
+        except Exception as exc:
+            self._record_refusal(checkpoint, exc)
+            raise
+
+    async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
+        """The checkpoint ``checkpoint_id`` of this user.
+
+        Raises ``WorkflowCheckpointException`` if this user has no such
+        checkpoint, :class:`CorruptCheckpointError` if it cannot be decoded.
+        """
+        return await arun(self._load_flow(checkpoint_id), self.backend)
+
+    async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
+        """Every checkpoint of ``workflow_name`` for this user, oldest saved first.
+
+        A checkpoint that cannot be decoded raises :class:`CorruptCheckpointError`
+        (it is not skipped); ``list_checkpoint_ids`` and ``delete`` still work.
+        """
+        return await arun(self._list_flow(workflow_name), self.backend)
+
+    async def delete(self, checkpoint_id: str) -> bool:
+        """Delete this user's checkpoint ``checkpoint_id``; return whether it existed."""
+        return await arun(self._delete_flow(checkpoint_id), self.backend)
+
+    async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
+        """The checkpoint of ``workflow_name`` saved last by this user, or ``None``.
+
+        One indexed query (``limit=1`` by write sequence). If that checkpoint
+        cannot be decoded this raises :class:`CorruptCheckpointError`; it never
+        returns an older one instead.
+        """
+        return await arun(self._latest_flow(workflow_name), self.backend)
+
+    async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
+        """Ids of this user's checkpoints of ``workflow_name``, oldest saved first.
+
+        Read from the index (tags only): no checkpoint body is read or decoded.
+        """
+        return await arun(self._ids_flow(workflow_name), self.backend)
+
+    # -- refusals ----------------------------------------------------------
+
+    def raise_if_refused(self) -> None:
+        """Raise :class:`CheckpointSaveRefusedError` if a save was refused since the last call.
+
+        Call it after ``workflow.run(...)`` to make a run whose checkpoints
+        were not all saved fail. The pending refusals are cleared when raised.
+        """
+        if self.refusals:
+            refusals, self.refusals = self.refusals, []
+            raise CheckpointSaveRefusedError(refusals) from refusals[-1].error
+
+    def _record_refusal(self, checkpoint: Any, exc: Exception) -> None:
+        checkpoint_id = str(getattr(checkpoint, "checkpoint_id", "<unknown>"))
+        workflow_name = str(getattr(checkpoint, "workflow_name", "<unknown>"))
+        logger.error(
+            "refused to save checkpoint %r of workflow %r: %s: %s",
+            checkpoint_id,
+            workflow_name,
+            type(exc).__name__,
+            exc,
+        )
+        refusal = RefusedSave(checkpoint_id, workflow_name, exc)
+        self.refusals.append(refusal)
+        self.refused_saves += 1
+        if self.on_refused is not None:
+            try:
+                self.on_refused(refusal)
+            except Exception:
+                logger.exception("on_refused callback failed for checkpoint %r", checkpoint_id)
+
+    # -- flows (no I/O of their own) ---------------------------------------
+
+    def _save_flow(self, checkpoint: WorkflowCheckpoint) -> Flow[str]:
+        put = self._prepare(checkpoint)  # every check runs before the first yield
+        yield from write_flow(self.partition, [put], labels=[checkpoint.checkpoint_id])
+        return checkpoint.checkpoint_id
+
+    def _prepare(self, checkpoint: WorkflowCheckpoint) -> Put:
+        if not isinstance(checkpoint, WorkflowCheckpoint):
+            raise TypeError(f"save() takes a WorkflowCheckpoint, got {type(checkpoint).__name__}")
+        checkpoint_id = _check_id(checkpoint.checkpoint_id)
+        _check_workflow_name(checkpoint.workflow_name)
+        try:
+            encoded = encode_checkpoint_value(checkpoint.to_dict())
+            data = json.dumps(encoded, ensure_ascii=False, separators=(",", ":")).encode(
+                "utf-8", "surrogatepass"
+            )
+        except Exception as exc:
+            raise WorkflowCheckpointException(
+                f"checkpoint {checkpoint_id!r} cannot be encoded ({type(exc).__name__}: {exc}); "
+                f"refusing to save"
+            ) from exc
+        check_size(checkpoint_id, len(data), self.max_item_bytes)
+        try:
+            decode_checkpoint_value(_parse(data), allowed_types=self.allowed_checkpoint_types)
+        except Exception as exc:
+            raise WorkflowCheckpointException(
+                f"checkpoint {checkpoint_id!r} could not be restored under this storage's allowed "
+                f"types ({exc}); refusing to save. Add the type's 'module:qualname' to "
+                f"allowed_checkpoint_types or register it with register_checkpoint_type()."
+            ) from exc
+        tags = check_tags(checkpoint_id, self._tags(checkpoint))
+        return make_put(_record_name(checkpoint_id), data, tags=tags, mode=Mode.APPEND)
+
+    @staticmethod
+    def _tags(checkpoint: WorkflowCheckpoint) -> dict[str, str]:
+        return {
+            TAG_ID: checkpoint.checkpoint_id,
+            TAG_WORKFLOW: _tag_value(checkpoint.workflow_name),
+            TAG_GRAPH: _tag_value(str(checkpoint.graph_signature_hash)),
+            TAG_PREVIOUS: _tag_value(str(checkpoint.previous_checkpoint_id or "")),
+            TAG_ITERATION: str(checkpoint.iteration_count),
+            TAG_TIMESTAMP: _tag_value(str(checkpoint.timestamp)),
+            TAG_FORMAT: _tag_value(str(checkpoint.version)),
+        }
+
+    def _decode(self, record: Record, checkpoint_id: str) -> WorkflowCheckpoint:
+        try:
+            verified(record, checkpoint_id)
+        except CorruptItemError as exc:
+            raise CorruptCheckpointError(checkpoint_id, exc.reason) from exc
+        try:
+            parsed = _parse(record.value)
+        except ValueError as exc:
+            raise CorruptCheckpointError(checkpoint_id, f"not valid JSON: {exc}") from exc
+        try:
+            decoded = decode_checkpoint_value(parsed, allowed_types=self.allowed_checkpoint_types)
+            checkpoint = WorkflowCheckpoint.from_dict(decoded)
+        except Exception as exc:
+            raise CorruptCheckpointError(checkpoint_id, f"cannot be decoded: {exc}") from exc
+        if checkpoint.checkpoint_id != checkpoint_id:
+            raise CorruptCheckpointError(
+                checkpoint_id, f"the record holds checkpoint {checkpoint.checkpoint_id!r}"
+            )
+        return checkpoint
+
+    def _load_flow(self, checkpoint_id: str) -> Flow[WorkflowCheckpoint]:
+        checkpoint_id = _check_id(checkpoint_id)
+        (record,) = yield GetOp(self.partition, [_record_name(checkpoint_id)])
+        if record is None:
+            raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
+        return self._decode(record, checkpoint_id)
+
+    def _query(self, workflow_name: str, **options: Any) -> ListOp:
+        tags = {TAG_WORKFLOW: _tag_value(_check_workflow_name(workflow_name))}
+        return ListOp(self.partition, ListQuery(prefix=RECORD_PREFIX, order="seq", tags=tags, **options))
+
+    def _of_workflow(self, record: Record, workflow_name: str) -> WorkflowCheckpoint:
+        checkpoint = self._decode(record, _id_of(record))
+        if checkpoint.workflow_name != workflow_name:
+            raise CorruptCheckpointError(
+                checkpoint.checkpoint_id,
+                f"indexed under workflow {workflow_name!r} but holds {checkpoint.workflow_name!r}",
+            )
+        return checkpoint
+
+    def _list_flow(self, workflow_name: str) -> Flow[list[WorkflowCheckpoint]]:
+        records = yield self._query(workflow_name)
+        return [self._of_workflow(r, workflow_name) for r in records]
+
+    def _latest_flow(self, workflow_name: str) -> Flow[WorkflowCheckpoint | None]:
+        records = yield self._query(workflow_name, descending=True, limit=1)
+        return self._of_workflow(records[0], workflow_name) if records else None
+
+    def _ids_flow(self, workflow_name: str) -> Flow[list[str]]:
+        records = yield self._query(workflow_name, values=False)
+        return [_id_of(r) for r in records]
+
+    def _delete_flow(self, checkpoint_id: str) -> Flow[bool]:
+        name = _record_name(_check_id(checkpoint_id))
+        (record,) = yield GetOp(self.partition, [name])
+        if record is None:
+            return False
+        # Conditional on the etag we saw: of two concurrent deletes, one returns True.
+        result = yield WriteOp(self.partition, (), (Delete(name, if_match=record.etag),))
+        return result.conflict is None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the backend if this storage opened it from a URL."""
+        if self._owns_backend:
+            self.backend.close()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        if self._owns_backend:
+            await self.backend.aclose()
+
+    async def __aenter__(self) -> IsolatedCheckpointStorage:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"IsolatedCheckpointStorage(backend={self.backend.kind!r}, user={self.user!r}, "
+            f"refused_saves={self.refused_saves})"
+        )
+
+
+def _parse(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8", "surrogatepass"))
+
+
+def _id_of(record: Record) -> str:
+    checkpoint_id = record.tags.get(TAG_ID)
+    if checkpoint_id is None:
+        raise CorruptCheckpointError(record.name, "the record has no 'id' tag")
+    return checkpoint_id

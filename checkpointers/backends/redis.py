@@ -1,0 +1,1022 @@
+"""Redis / Valkey 7+ backend: plain data structures, no modules, Cluster-ready.
+
+Key layout
+==========
+
+Every key of one partition carries the partition's key as a Redis Cluster
+hash tag, so all of them live in one slot and one Lua script can touch them
+all (``P`` is the backend's ``prefix``, ``pk`` the :attr:`Partition.key`,
+which only uses ``[A-Za-z0-9_%/-]``, never a brace)::
+
+    P:{pk}:r      hash    "m:<name>" -> metadata, "v:<name>" -> value bytes
+    P:{pk}:n      zset    every name, score 0          (name order, ZRANGEBYLEX)
+    P:{pk}:x      zset    "<anc>|<seq16>|<name>"       (seq order, per ancestor)
+    P:{pk}:t      zset    "s<tag>|<seq16>|<name>", "n<tag>|<name>"  (tag indexes)
+    P:{pk}:seq    string  the partition's sequence counter (INCR)
+    P:{<user_key>}:parts  hash  pk -> raw partition name (the user's registry)
+
+* Metadata is ``seq \\n etag \\n digest \\n <tag pairs> \\n <tags JSON>``.
+* ``<tag>`` is ``encode_component(k) + "=" + encode_component(v)``: tag keys
+  and values are arbitrary strings, their encodings only use
+  ``[A-Za-z0-9_%-]``, so they can break neither the member layout nor a key.
+* ``<anc>`` is ``""`` (every record) and each of the first four
+  ``/``-terminated prefixes of the name (``c/``, ``c/_ns/``, ...). A query in
+  seq order for a prefix uses the longest such ancestor of the prefix, so
+  ``list(prefix="c/_ns/", order="seq", descending=True, limit=1)`` reads one
+  member whatever the history length.
+* ``<seq16>`` is the seq zero-padded to 16 digits, so lexicographic order is
+  numeric order and every index is a plain score-0 zset read with
+  ``ZRANGEBYLEX``.
+* A fixed, small set of keys per partition (five) is what makes ``ttl``
+  cheap: every write refreshes the expiry of all of them.
+
+Operations and round trips
+==========================
+
+``get`` is one ``HMGET``; ``list`` is one Lua script; ``write`` is one
+pipeline (registry ``HSET`` + the batch script); ``drop`` is one script plus
+the registry update. :attr:`RedisBackend.round_trips` counts every pipeline
+or command sent (a cluster pipeline that talks to several nodes at once
+counts as one).
+
+Every write batch is ONE Lua script (``EVALSHA``, falling back to ``EVAL``
+when the server lost its script cache) that checks every condition first
+(the rules of :func:`~checkpointers.backends.base.evaluate`), then applies
+every put and delete, assigns seqs with ``INCR``, maintains the indexes, and
+returns the stored metadata or the conflict. It runs atomically on the
+server; nothing is read on the client and written back.
+
+The user registry
+=================
+
+``partitions(user, space)`` reads ``P:{<user_key>}:parts``. That hash lives
+in another slot than the partitions it names, so a Cluster cannot update it
+inside the batch script. It is kept right with idempotent commands instead:
+
+* every write sends ``HSET parts pk name`` in the same pipeline, before its
+  script, so a partition is registered before it can hold a record, also if
+  the client dies right after;
+* a write that turns an empty partition non-empty (the script reports it)
+  sends ``HSET`` again after the script: that repairs a registration removed
+  by a concurrent ``drop``/emptying that ran between the two;
+* whoever empties a partition (a ``drop``, a batch deleting the last record,
+  or ``partitions`` finding an expired one) sends ``HDEL`` and *then* checks
+  whether the partition holds records again, re-registering it if so.
+
+Either the writer's script ran before the remover's re-check (and the
+remover re-registers), or after it, and then after the ``HDEL``, so the
+writer's own second ``HSET`` comes last. ``partitions`` returns only names
+whose partition holds records, so a registration that outlives its partition
+for a moment is never visible.
+
+Retention (``ttl``)
+===================
+
+With ``ttl`` set (seconds), every write sets the expiry of all five keys of
+its partition (and of the user's registry) to ``ttl`` from now, in the same
+script, so they expire together, at the same instant, ``ttl`` after the
+partition's last write. Reads do not extend it. An expired partition simply
+no longer exists: ``get`` finds nothing, ``partitions`` no longer names it.
+Its sequence counter expires with it; so does it on ``drop``, and seqs then
+start again at 1 in the new partition of the same name.
+
+Errors and retries
+==================
+
+Transient driver errors (connection lost, timeouts, ``LOADING``,
+``TRYAGAIN``, ``CLUSTERDOWN``, ``READONLY`` after a fail-over, ...) are
+retried with bounded exponential backoff; after the last attempt they raise
+:class:`~checkpointers.errors.BackendUnavailableError` with the driver's
+error chained. Retrying a write is safe: upserts are idempotent, appends of
+the same digest are no-ops, and a ``CREATE``/``IF_MATCH`` batch retried after
+an attempt whose outcome is unknown recognises its own etag (etags are unique
+per write) and reports success instead of a conflict with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+try:
+    import redis
+    import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.cluster
+    import redis.exceptions as rex
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the Redis backend needs redis-py: pip install 'checkpointers[redis]'"
+    ) from exc
+
+from .._names import Partition, encode_component
+from ..errors import BackendUnavailableError
+from .base import (
+    Backend,
+    Conflict,
+    Delete,
+    ListQuery,
+    Mode,
+    Put,
+    Record,
+    WriteResult,
+    check_batch,
+)
+
+__all__ = ["RedisBackend", "TRANSIENT_ERRORS", "translate_errors"]
+
+#: How many ``/``-terminated ancestors of a name get their own seq index.
+ANCESTOR_DEPTH = 4
+#: Below this many candidates, a seq-order prefix query sorts them in the script.
+_GATHER_LIMIT = 256
+_SEQ_DIGITS = 16
+_TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
+
+#: Driver errors worth retrying: the next attempt may well succeed.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    rex.ConnectionError,
+    rex.TimeoutError,
+    rex.TryAgainError,
+    rex.ClusterError,  # CLUSTERDOWN, MASTERDOWN, exhausted redirections
+    rex.ReadOnlyError,  # we reached a replica during a fail-over
+    rex.AskError,  # MOVED/ASK that escaped the cluster client during resharding
+    rex.SlotNotCoveredError,
+    rex.InvalidResponse,  # a connection left in a broken state
+)
+#: Connection errors that a retry cannot fix.
+_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    rex.AuthenticationError,
+    rex.AuthorizationError,
+    rex.ExternalAuthProviderError,
+)
+#: Everything the driver raises on its own account.
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    rex.RedisError,
+    rex.RedisClusterException,
+    rex.ChildDeadlockedError,
+    rex.IncorrectPolicyType,
+)
+
+
+@contextlib.contextmanager
+def translate_errors(what: str = "redis") -> Iterator[None]:
+    """Turn every redis-py exception into :class:`BackendUnavailableError`.
+
+    The driver's exception is chained as ``__cause__``. This is the only place
+    the backend maps driver errors; the retry loop runs inside it.
+    """
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise BackendUnavailableError(
+            f"{what}: {type(exc).__name__}: {exc}. Check that the Redis server is "
+            f"reachable and healthy; transient errors were retried."
+        ) from exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a driver error may go away on its own (and is worth a retry)."""
+    return isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, _PERMANENT_ERRORS)
+
+
+# --------------------------------------------------------------------------
+# Lua: one source for the sync and the async client (same SHA, one cache entry).
+
+_LUA_COMMON = r"""
+local function meta_parts(meta)
+  local a = string.find(meta, "\n", 1, true)
+  local b = string.find(meta, "\n", a + 1, true)
+  local c = string.find(meta, "\n", b + 1, true)
+  local d = string.find(meta, "\n", c + 1, true)
+  return string.sub(meta, 1, a - 1), string.sub(meta, a + 1, b - 1),
+         string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+end
+local function pad(seq)
+  return string.format("%016d", tonumber(seq))
+end
+local function words(s)
+  local out = {}
+  for w in string.gmatch(s, "[^ ]+") do out[#out + 1] = w end
+  return out
+end
+"""
+
+# KEYS: r n x t seq
+# ARGV: ttl_ms nputs ndeletes, then 9 per put:
+#         name mode(u/c/a/i) if_match etag digest pairs tags_json ancestors value
+#       then 4 per delete: name has_if_match(0/1) if_match ancestors
+# Returns {0, index, stored meta, stored value, now_empty} for a refused batch,
+#         {1, was_empty, now_empty, meta of put 1, meta of put 2, ...} otherwise.
+_WRITE_LUA = _LUA_COMMON + r"""
+local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ttl, np, nd = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local PW, DW = 9, 4
+local D0 = 3 + np * PW
+local stored, noop = {}, {}
+
+-- 1. check every condition; refuse the whole batch at the first failure
+local function refuse(i, name)
+  local empty = redis.call("EXISTS", n) == 0 and 1 or 0
+  return {0, i, stored[i] or false, redis.call("HGET", r, "v:" .. name), empty}
+end
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  local name, mode = ARGV[b + 1], ARGV[b + 2]
+  local meta = redis.call("HGET", r, "m:" .. name)
+  stored[i] = meta
+  if mode == "c" and meta then return refuse(i, name) end
+  if mode == "i" then
+    if not meta then return refuse(i, name) end
+    local _, etag = meta_parts(meta)
+    if etag ~= ARGV[b + 3] then return refuse(i, name) end
+  end
+  if mode == "a" and meta then
+    local _, _, digest = meta_parts(meta)
+    if digest ~= ARGV[b + 5] then return refuse(i, name) end
+    noop[i] = true
+  end
+end
+for j = 0, nd - 1 do
+  local b = D0 + j * DW
+  local name = ARGV[b + 1]
+  local meta = redis.call("HGET", r, "m:" .. name)
+  stored[np + j] = meta
+  if ARGV[b + 2] == "1" then
+    if not meta then return refuse(np + j, name) end
+    local _, etag = meta_parts(meta)
+    if etag ~= ARGV[b + 3] then return refuse(np + j, name) end
+  end
+end
+
+-- 2. apply every put and delete, keeping the indexes in step
+local function unindex(name, meta, ancestors)
+  local seq, _, _, pairs = meta_parts(meta)
+  local s = pad(seq)
+  redis.call("ZREM", x, "|" .. s .. "|" .. name)
+  for _, a in ipairs(words(ancestors)) do redis.call("ZREM", x, a .. "|" .. s .. "|" .. name) end
+  for _, p in ipairs(words(pairs)) do
+    redis.call("ZREM", t, "s" .. p .. "|" .. s .. "|" .. name, "n" .. p .. "|" .. name)
+  end
+end
+local was_empty = redis.call("EXISTS", n) == 0 and 1 or 0
+local out = {1, was_empty, 0}
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  local name, pairs, ancestors = ARGV[b + 1], ARGV[b + 6], ARGV[b + 8]
+  if noop[i] then
+    out[#out + 1] = stored[i]
+  else
+    if stored[i] then unindex(name, stored[i], ancestors) end
+    local seq = redis.call("INCR", seqkey)
+    local s = pad(seq)
+    local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
+    redis.call("HSET", r, "m:" .. name, meta, "v:" .. name, ARGV[b + 9])
+    redis.call("ZADD", n, 0, name)
+    redis.call("ZADD", x, 0, "|" .. s .. "|" .. name)
+    for _, a in ipairs(words(ancestors)) do redis.call("ZADD", x, 0, a .. "|" .. s .. "|" .. name) end
+    for _, p in ipairs(words(pairs)) do
+      redis.call("ZADD", t, 0, "s" .. p .. "|" .. s .. "|" .. name, 0, "n" .. p .. "|" .. name)
+    end
+    out[#out + 1] = meta
+  end
+end
+for j = 0, nd - 1 do
+  local b = D0 + j * DW
+  local name = ARGV[b + 1]
+  if stored[np + j] then
+    unindex(name, stored[np + j], ARGV[b + 4])
+    redis.call("HDEL", r, "m:" .. name, "v:" .. name)
+    redis.call("ZREM", n, name)
+  end
+end
+
+-- 3. an empty partition keeps no keys; a live one gets its expiry refreshed
+if redis.call("EXISTS", n) == 0 then
+  out[3] = 1
+  redis.call("DEL", seqkey)
+elseif ttl > 0 then
+  for _, k in ipairs(KEYS) do redis.call("PEXPIRE", k, ttl) end
+end
+return out
+"""
+
+# KEYS: r n x t
+# ARGV: order(name/seq) desc(0/1) limit(-1 = none) values(0/1) prefix
+#       name_lo name_hi has_name_hi seq_lo seq_hi ancestor tag...
+# Returns name, meta, value for every selected record, in order.
+_LIST_LUA = _LUA_COMMON + r"""
+local r, n, x, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local by_seq, desc = ARGV[1] == "seq", ARGV[2] == "1"
+local limit, values, prefix = tonumber(ARGV[3]), ARGV[4] == "1", ARGV[5]
+local nlo, nhi, has_nhi = ARGV[6], ARGV[7], ARGV[8] == "1"
+local slo, shi, anc = ARGV[9], ARGV[10], ARGV[11]
+local tags = {}
+for i = 12, #ARGV do tags[#tags + 1] = ARGV[i] end
+local GATHER = 256
+
+local out, count = {}, 0
+local function full() return limit >= 0 and count >= limit end
+local function emit(name, meta)
+  out[#out + 1] = name
+  out[#out + 1] = meta
+  out[#out + 1] = values and redis.call("HGET", r, "v:" .. name) or ""
+  count = count + 1
+end
+-- the record if it passes the filters its index did not apply, else nil
+local function check(name, skip_tag, check_prefix)
+  if check_prefix and string.sub(name, 1, #prefix) ~= prefix then return nil end
+  local meta = redis.call("HGET", r, "m:" .. name)
+  if not meta then return nil end
+  if #tags > 0 then
+    local _, _, _, pairs = meta_parts(meta)
+    pairs = " " .. pairs .. " "
+    for i, p in ipairs(tags) do
+      if i ~= skip_tag and not string.find(pairs, " " .. p .. " ", 1, true) then return nil end
+    end
+  end
+  return meta
+end
+-- walk one lex range in order, in growing chunks, until the limit is met
+local function scan(key, lo, hi, name_at, skip_tag, check_prefix)
+  local chunk = 32
+  if limit >= 0 then chunk = math.max(limit, 1) end
+  while true do
+    local members
+    if desc then
+      members = redis.call("ZREVRANGEBYLEX", key, hi, lo, "LIMIT", 0, chunk)
+    else
+      members = redis.call("ZRANGEBYLEX", key, lo, hi, "LIMIT", 0, chunk)
+    end
+    for _, m in ipairs(members) do
+      local name = string.sub(m, name_at)
+      local meta = check(name, skip_tag, check_prefix)
+      if meta then
+        emit(name, meta)
+        if full() then return end
+      end
+    end
+    if #members < chunk then return end
+    if desc then hi = "(" .. members[#members] else lo = "(" .. members[#members] end
+    chunk = math.min(chunk * 2, 1024)
+  end
+end
+local function seq_range(family)  -- family ends with "|"; members family..seq16.."|"..name
+  local top = string.sub(family, 1, #family - 1) .. "}"
+  local hi = "(" .. top
+  if shi ~= "" then hi = "(" .. family .. shi end
+  return "[" .. family .. slo, hi
+end
+
+if #tags > 0 then
+  -- walk the smallest tag index; check the other tags on each candidate
+  local kind = by_seq and "s" or "n"
+  local best, best_count = 1, -1
+  for i, p in ipairs(tags) do
+    local c = redis.call("ZLEXCOUNT", t, "[" .. kind .. p .. "|", "(" .. kind .. p .. "}")
+    if best_count < 0 or c < best_count then best, best_count = i, c end
+  end
+  if best_count == 0 then return out end
+  local family = kind .. tags[best] .. "|"
+  if by_seq then
+    local lo, hi = seq_range(family)
+    scan(t, lo, hi, #family + 18, best, prefix ~= "")
+  else
+    local hi = "(" .. kind .. tags[best] .. "}"
+    if has_nhi then hi = "(" .. family .. nhi end
+    scan(t, "[" .. family .. nlo, hi, #family + 1, best, false)
+  end
+elseif not by_seq then
+  local hi = "+"
+  if has_nhi then hi = "(" .. nhi end
+  local lo = "-"
+  if nlo ~= "" then lo = "[" .. nlo end
+  scan(n, lo, hi, 1, 0, false)
+elseif prefix == anc
+    or redis.call("ZLEXCOUNT", n, "[" .. prefix, "(" .. prefix .. "\255") > GATHER then
+  -- the seq index of the prefix's longest indexed ancestor
+  local lo, hi = seq_range(anc .. "|")
+  scan(x, lo, hi, #anc + 19, 0, prefix ~= anc)
+else
+  -- few names under the prefix: read them all and sort by seq
+  local rows = {}
+  local lo_seq = tonumber(slo) or 0
+  local hi_seq = tonumber(shi)
+  for _, name in ipairs(redis.call("ZRANGEBYLEX", n, "[" .. prefix, "(" .. prefix .. "\255")) do
+    local meta = redis.call("HGET", r, "m:" .. name)
+    if meta then
+      local seq = tonumber((meta_parts(meta)))
+      if seq >= lo_seq and (hi_seq == nil or seq < hi_seq) then
+        rows[#rows + 1] = {seq, name, meta}
+      end
+    end
+  end
+  if desc then
+    table.sort(rows, function(a, b) return a[1] > b[1] end)
+  else
+    table.sort(rows, function(a, b) return a[1] < b[1] end)
+  end
+  for _, row in ipairs(rows) do
+    if full() then break end
+    emit(row[2], row[3])
+  end
+end
+return out
+"""
+
+# KEYS: r n x t seq ; returns how many records the partition held.
+_DROP_LUA = r"""
+local count = redis.call("ZCARD", KEYS[2])
+redis.call("UNLINK", unpack(KEYS))
+return count
+"""
+
+
+@dataclass(frozen=True)
+class _Script:
+    """A Lua script; run with ``EVALSHA`` and re-sent with ``EVAL`` on ``NOSCRIPT``."""
+
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+WRITE_SCRIPT = _Script(_WRITE_LUA)
+LIST_SCRIPT = _Script(_LIST_LUA)
+DROP_SCRIPT = _Script(_DROP_LUA)
+
+
+@dataclass(frozen=True)
+class _Eval:
+    """One script invocation inside a pipeline."""
+
+    script: _Script
+    keys: Sequence[str]
+    args: Sequence[bytes | str | int]
+
+
+#: One command (``("HGET", key, field)``) or one script call.
+_Command = tuple[Any, ...] | _Eval
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one round trip sends: one pipeline of commands."""
+
+    commands: Sequence[_Command]
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A round trip's results; ``retried`` when an earlier attempt failed."""
+
+    values: list[Any]
+    retried: bool
+
+
+_Op = Generator[_Call, _Reply, Any]
+
+
+# --------------------------------------------------------------------------
+# Pure helpers: key names, arguments, parsing.
+
+
+def _ancestors(name: str) -> list[str]:
+    """The first :data:`ANCESTOR_DEPTH` ``/``-terminated prefixes of ``name``."""
+    out: list[str] = []
+    at = -1
+    for _ in range(ANCESTOR_DEPTH):
+        at = name.find("/", at + 1)
+        if at < 0:
+            break
+        out.append(name[: at + 1])
+    return out
+
+
+def _tag_pairs(tags: Any) -> list[str]:
+    """Index members of tags: ``enc(k)=enc(v)`` (no space, ``|``, ``{``, ``}``)."""
+    return [f"{encode_component(k)}={encode_component(v)}" for k, v in sorted(tags.items())]
+
+
+def _pad(seq: int) -> str:
+    return f"{seq:0{_SEQ_DIGITS}d}"
+
+
+def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
+    seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
+    if isinstance(name, bytes):
+        name = name.decode("ascii")
+    return Record(name, value or b"", json.loads(tags), etag.decode(), digest.decode(), int(seq))
+
+
+_MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
+_PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.:")
+_OUR_URL_OPTIONS = ("prefix", "ttl", "cluster")
+
+
+def _write_args(ttl_ms: int, puts: Sequence[Put], deletes: Sequence[Delete]) -> list[Any]:
+    args: list[Any] = [ttl_ms, len(puts), len(deletes)]
+    for put in puts:
+        if "\n" in put.etag or "\n" in put.digest:
+            raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
+        tags = json.dumps(dict(put.tags), ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+        args += [
+            put.name,
+            _MODES[put.mode],
+            put.if_match if put.if_match is not None else "",
+            put.etag,
+            put.digest,
+            " ".join(_tag_pairs(put.tags)),
+            tags,
+            " ".join(_ancestors(put.name)),
+            put.value,
+        ]
+    for d in deletes:
+        args += [d.name, "0" if d.if_match is None else "1", d.if_match or "", " ".join(_ancestors(d.name))]
+    return args
+
+
+def _list_args(query: ListQuery) -> list[Any] | None:
+    """Script arguments for ``query``, or ``None`` when it selects nothing."""
+    if query.order not in ("name", "seq"):
+        raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
+    if query.limit is not None and query.limit <= 0:
+        return None
+    prefix = query.prefix.encode()
+    name_lo, name_hi = prefix, (prefix + _TOP if prefix else None)
+    seq_lo = seq_hi = ""
+    if query.order == "name":
+        if query.start is not None:
+            name_lo = max(name_lo, _as_bytes(query.start))
+        if query.stop is not None:
+            stop = _as_bytes(query.stop)
+            name_hi = stop if name_hi is None else min(name_hi, stop)
+        if name_hi is not None and name_hi <= name_lo:
+            return None
+    else:
+        start, stop = _as_int(query.start), _as_int(query.stop)
+        if start is not None and start > 0:
+            if start >= 10**_SEQ_DIGITS:
+                return None
+            seq_lo = _pad(start)
+        if stop is not None:
+            if stop <= max(start or 0, 0):
+                return None
+            if stop < 10**_SEQ_DIGITS:
+                seq_hi = _pad(stop)
+    ancestors = _ancestors(query.prefix)
+    return [
+        query.order,
+        "1" if query.descending else "0",
+        -1 if query.limit is None else query.limit,
+        "1" if query.values else "0",
+        prefix,
+        name_lo,
+        name_hi or b"",
+        "0" if name_hi is None else "1",
+        seq_lo,
+        seq_hi,
+        ancestors[-1] if ancestors else "",
+        *_tag_pairs(query.tags),
+    ]
+
+
+def _as_bytes(bound: object) -> bytes:
+    if not isinstance(bound, str):
+        raise ValueError(f"a name-order ListQuery bound must be a str, got {bound!r}")
+    return bound.encode()
+
+
+def _as_int(bound: object) -> int | None:
+    if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool)):
+        raise ValueError(f"a seq-order ListQuery bound must be an int, got {bound!r}")
+    return bound
+
+
+def _applied_before(
+    puts: Sequence[Put], deletes: Sequence[Delete], stored: Sequence[Record | None]
+) -> bool:
+    """Whether what is stored is exactly what this batch writes (so it was applied).
+
+    Etags are unique per write, so a stored record carrying a put's own etag
+    was written by this batch, and the batch is atomic.
+    """
+    own = False
+    for put, rec in zip(puts, stored):
+        if rec is None:
+            return False
+        if rec.etag == put.etag:
+            own = True
+        elif not (put.mode is Mode.APPEND and rec.digest == put.digest):
+            return False
+    if any(rec is not None for rec in stored[len(puts) :]):
+        return False
+    return own or not puts
+
+
+# --------------------------------------------------------------------------
+
+
+class RedisBackend(Backend):
+    """Partitions in plain Redis / Valkey 7+ (no modules), standalone or Cluster.
+
+    Build it with :meth:`from_url` (``redis://``, ``rediss://``, ``valkey://``,
+    ``unix://``; add ``?cluster=true`` or ``cluster=True`` for a Cluster), or
+    hand it your own clients: ``client`` a ``redis.Redis``/``RedisCluster``
+    for the sync methods, ``aclient`` a ``redis.asyncio`` one for the async
+    methods (both with ``decode_responses=False``; clients you pass are not
+    closed by :meth:`close`).
+
+    * ``prefix``: the root of every key (``[A-Za-z0-9_.:-]``, no glob
+      characters), so several applications or test runs share one server.
+    * ``ttl``: optional retention in seconds. All keys of a partition expire
+      together ``ttl`` seconds after its last write; every write (an append
+      no-op included) refreshes them; reads do not. Without ``ttl`` nothing
+      expires.
+    * ``retry_attempts`` / ``retry_backoff`` / ``retry_backoff_max``: transient
+      errors are retried up to ``retry_attempts`` times, sleeping
+      ``retry_backoff * 2**n`` seconds (at most ``retry_backoff_max``) between
+      attempts, then raise :class:`BackendUnavailableError`.
+
+    :attr:`round_trips` counts the pipelines and commands sent to the server,
+    for benchmarks. See the module docstring for the key layout.
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        aclient: Any = None,
+        url: str | None = None,
+        cluster: bool = False,
+        client_options: dict[str, Any] | None = None,
+        prefix: str = "checkpointers",
+        ttl: float | None = None,
+        retry_attempts: int = 6,
+        retry_backoff: float = 0.05,
+        retry_backoff_max: float = 2.0,
+    ) -> None:
+        if not prefix or len(prefix) > 100 or not set(prefix) <= _PREFIX_CHARS:
+            raise ValueError(
+                f"prefix {prefix!r} must be 1-100 characters from [A-Za-z0-9_.:-] "
+                f"(no braces or glob characters)"
+            )
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+        if retry_attempts < 0 or retry_backoff < 0 or retry_backoff_max < 0:
+            raise ValueError("retry_attempts, retry_backoff and retry_backoff_max must be >= 0")
+        if client is None and aclient is None and url is None:
+            raise ValueError("pass client= and/or aclient=, or use RedisBackend.from_url(url)")
+        for c in (client, aclient):
+            if c is not None and c.get_encoder().decode_responses:
+                raise ValueError("the Redis client must use decode_responses=False (values are bytes)")
+        self.prefix = prefix
+        self.ttl = ttl
+        self.cluster = cluster
+        self.retry_attempts = retry_attempts
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_max = retry_backoff_max
+        #: Network round trips so far (a pipeline or script counts once).
+        self.round_trips = 0
+        self._ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        self._url = url
+        self._options = dict(client_options or {})
+        self._client = client
+        self._owns_client = client is None
+        self._aclient = aclient
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        """A backend on the server ``url`` names.
+
+        ``valkey://`` and ``valkeys://`` are read as ``redis://`` and
+        ``rediss://``. The URL's query may carry ``prefix``, ``ttl`` and
+        ``cluster=true``; keyword arguments win. Other keyword arguments that
+        are not constructor options go to the redis-py client
+        (``socket_timeout=``, ``max_connections=``, ...).
+        """
+        parts = urlsplit(url)
+        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(parts.scheme, parts.scheme)
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"not a Redis URL: {url!r} (use redis://, rediss://, valkey:// or unix://)")
+        query = parse_qsl(parts.query)
+        ours = {k: v for k, v in query if k in _OUR_URL_OPTIONS}
+        rest = [(k, v) for k, v in query if k not in _OUR_URL_OPTIONS]
+        clean = urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+        own = {
+            "prefix", "ttl", "cluster", "retry_attempts", "retry_backoff", "retry_backoff_max",
+        }  # fmt: skip
+        kwargs: dict[str, Any] = {}
+        if "prefix" in ours:
+            kwargs["prefix"] = ours["prefix"]
+        if "ttl" in ours:
+            kwargs["ttl"] = float(ours["ttl"])
+        if "cluster" in ours:
+            kwargs["cluster"] = ours["cluster"].lower() in ("1", "true", "yes")
+        kwargs.update({k: v for k, v in options.items() if k in own})
+        client_options = {k: v for k, v in options.items() if k not in own}
+        return cls(url=clean, client_options=client_options, **kwargs)
+
+    # -- clients -----------------------------------------------------------
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
+        if not self.cluster:
+            # Our own loop retries (bounded, counted); the driver's would multiply it.
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+        kwargs.update(self._options)
+        kwargs["decode_responses"] = False
+        return kwargs
+
+    def _sync_client(self) -> Any:
+        if self._client is None:
+            if self._url is None:
+                raise RuntimeError(
+                    "this RedisBackend has only an async client: use the a-prefixed methods, "
+                    "or pass client= (a redis.Redis) too"
+                )
+            with self._lock:
+                if self._client is None:
+                    kind = redis.cluster.RedisCluster if self.cluster else redis.Redis
+                    with translate_errors("connecting to Redis"):
+                        self._client = kind.from_url(self._url, **self._client_kwargs())
+        return self._client
+
+    def _async_client(self) -> Any:
+        if self._aclient is not None:
+            return self._aclient
+        if self._url is None:
+            raise RuntimeError(
+                "this RedisBackend has only a sync client: use the sync methods, or pass "
+                "aclient= (a redis.asyncio.Redis) too"
+            )
+        # redis.asyncio connections belong to the loop that opened them.
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            kind = redis.asyncio.cluster.RedisCluster if self.cluster else redis.asyncio.Redis
+            client = self._aclients[loop] = kind.from_url(self._url, **self._client_kwargs())
+        return client
+
+    def close(self) -> None:
+        """Close the clients this backend created (idempotent)."""
+        self._closed = True
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            with contextlib.suppress(*DRIVER_ERRORS):
+                client.close()
+
+    async def aclose(self) -> None:
+        """Close the clients this backend created, the current loop's async one included."""
+        self.close()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - aclose is always awaited in a loop
+            return
+        client = self._aclients.pop(loop, None)
+        if client is not None:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await client.aclose()
+
+    # -- keys --------------------------------------------------------------
+
+    def _keys(self, partition: Partition) -> list[str]:
+        """The partition's keys: r, n, x, t, seq (one hash slot)."""
+        base = f"{self.prefix}:{{{partition.key}}}:"
+        return [base + "r", base + "n", base + "x", base + "t", base + "seq"]
+
+    def _registry(self, user_key: str) -> str:
+        return f"{self.prefix}:{{{user_key}}}:parts"
+
+    def keys_of(self, partition: Partition) -> list[str]:
+        """Every key that may hold data of ``partition`` (for tests and tools)."""
+        return self._keys(partition)
+
+    def match_pattern(self, partition: Partition) -> str:
+        """A ``SCAN MATCH`` pattern that matches exactly ``partition``'s keys."""
+        return f"{self.prefix}:{{{partition.key}}}:*"
+
+    # -- running operations -------------------------------------------------
+
+    def _queue(self, pipe: Any, command: _Command, use_sha: bool) -> None:
+        if isinstance(command, _Eval):
+            head = ("EVALSHA", command.script.sha) if use_sha else ("EVAL", command.script.source)
+            pipe.execute_command(*head, len(command.keys), *command.keys, *command.args)
+        else:
+            pipe.execute_command(*command)
+
+    def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:
+        """The results, ``None`` to re-send with EVAL, or raise the first error."""
+        for res in results:
+            if isinstance(res, rex.NoScriptError) and use_sha:
+                return None
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        return results
+
+    def _delay(self, exc: BaseException, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based), or re-raise ``exc``."""
+        if self._closed or not is_transient(exc) or attempt >= self.retry_attempts:
+            raise exc
+        return min(self.retry_backoff * 2**attempt, self.retry_backoff_max) * (0.5 + random.random() / 2)
+
+    def _execute(self, call: _Call) -> _Reply:
+        with translate_errors("redis"):
+            attempt = 0
+            while True:
+                try:
+                    for use_sha in (True, False):
+                        pipe = self._sync_client().pipeline(transaction=False)
+                        for command in call.commands:
+                            self._queue(pipe, command, use_sha)
+                        self.round_trips += 1
+                        results = self._results(pipe.execute(raise_on_error=False), use_sha)
+                        if results is not None:
+                            return _Reply(results, retried=attempt > 0)
+                except DRIVER_ERRORS as exc:
+                    time.sleep(self._delay(exc, attempt))
+                    attempt += 1
+
+    async def _aexecute(self, call: _Call) -> _Reply:
+        with translate_errors("redis"):
+            attempt = 0
+            while True:
+                try:
+                    for use_sha in (True, False):
+                        pipe = self._async_client().pipeline(transaction=False)
+                        for command in call.commands:
+                            self._queue(pipe, command, use_sha)
+                        self.round_trips += 1
+                        results = self._results(await pipe.execute(raise_on_error=False), use_sha)
+                        if results is not None:
+                            return _Reply(results, retried=attempt > 0)
+                except DRIVER_ERRORS as exc:
+                    await asyncio.sleep(self._delay(exc, attempt))
+                    attempt += 1
+
+    def _run(self, op: _Op) -> Any:
+        try:
+            call = next(op)
+            while True:
+                call = op.send(self._execute(call))
+        except StopIteration as done:
+            return done.value
+
+    async def _arun(self, op: _Op) -> Any:
+        try:
+            call = next(op)
+            while True:
+                call = op.send(await self._aexecute(call))
+        except StopIteration as done:
+            return done.value
+
+    # -- operations, written once as generators of round trips --------------
+
+    def _get_op(self, partition: Partition, names: Sequence[str]) -> _Op:
+        if not names:
+            return []
+        fields = [f"{kind}:{name}" for name in names for kind in ("m", "v")]
+        reply = yield _Call([("HMGET", self._keys(partition)[0], *fields)])
+        values = reply.values[0]
+        return [
+            None if meta is None else _record(name, meta, value)
+            for name, meta, value in zip(names, values[0::2], values[1::2])
+        ]
+
+    def _write_op(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> _Op:
+        check_batch(puts, deletes)
+        registry = self._registry(partition.user_key)
+        raw_name = partition.name.encode("utf-8", "surrogatepass")
+        args = _write_args(self._ttl_ms, puts, deletes)
+        commands: list[_Command] = [("HSET", registry, partition.key, raw_name)]
+        if self._ttl_ms:
+            commands.append(("PEXPIRE", registry, self._ttl_ms))
+        commands.append(_Eval(WRITE_SCRIPT, self._keys(partition), args))
+        reply = yield _Call(commands)
+        out = reply.values[-1]
+        if out[0] == 0:
+            index, meta, value, now_empty = int(out[1]), out[2], out[3], out[4]
+            names = [p.name for p in puts] + [d.name for d in deletes]
+            if reply.retried:
+                # An earlier attempt may have applied this very batch before its
+                # reply was lost: then the stored records carry our etags.
+                stored = yield from self._get_op(partition, names)
+                if _applied_before(puts, deletes, stored):
+                    return WriteResult(records=[r for r in stored[: len(puts)] if r is not None])
+            if now_empty:
+                yield from self._unregister_op(partition)
+            existing = None if meta is None else _record(names[index], meta, value)
+            return WriteResult(records=[], conflict=Conflict(index, names[index], existing))
+        was_empty, now_empty, metas = out[1], out[2], out[3:]
+        records = [_record(put.name, meta, put.value) for put, meta in zip(puts, metas)]
+        if now_empty:
+            yield from self._unregister_op(partition)
+        elif was_empty:
+            yield _Call([("HSET", registry, partition.key, raw_name)])
+        return WriteResult(records=records)
+
+    def _unregister_op(self, partition: Partition) -> _Op:
+        """Remove ``partition`` from its user's registry, unless it refilled meanwhile."""
+        registry = self._registry(partition.user_key)
+        yield _Call([("HDEL", registry, partition.key)])
+        reply = yield _Call([("EXISTS", self._keys(partition)[1])])
+        if reply.values[0]:
+            raw_name = partition.name.encode("utf-8", "surrogatepass")
+            yield _Call([("HSET", registry, partition.key, raw_name)])
+
+    def _list_op(self, partition: Partition, query: ListQuery) -> _Op:
+        args = _list_args(query)
+        if args is None:
+            return []
+        reply = yield _Call([_Eval(LIST_SCRIPT, self._keys(partition)[:4], args)])
+        out = reply.values[0]
+        return [_record(out[i], out[i + 1], out[i + 2]) for i in range(0, len(out), 3)]
+
+    def _partitions_op(self, user: str, space: str) -> _Op:
+        probe = Partition(user, space, "")
+        reply = yield _Call([("HGETALL", self._registry(probe.user_key))])
+        candidates: list[Partition] = []
+        for pk, raw in reply.values[0].items():
+            part = Partition(user, space, raw.decode("utf-8", "surrogatepass"))
+            if part.key == pk.decode("ascii"):  # never trust a foreign entry
+                candidates.append(part)
+        if not candidates:
+            return []
+        reply = yield _Call([("EXISTS", self._keys(p)[1]) for p in candidates])
+        live = [p for p, exists in zip(candidates, reply.values) if exists]
+        for part in candidates:
+            if part not in live:  # expired (ttl) or emptied by a client that died
+                yield from self._unregister_op(part)
+        return sorted(p.name for p in live)
+
+    def _drop_op(self, partition: Partition) -> _Op:
+        reply = yield _Call([_Eval(DROP_SCRIPT, self._keys(partition), [])])
+        yield from self._unregister_op(partition)
+        return int(reply.values[0])
+
+    # -- the Backend interface ----------------------------------------------
+
+    def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        """Records by name, one ``HMGET``."""
+        return self._run(self._get_op(partition, names))  # type: ignore[no-any-return]
+
+    def write(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        """One atomic batch: one pipeline carrying one Lua script."""
+        return self._run(self._write_op(partition, puts, deletes))  # type: ignore[no-any-return]
+
+    def list(self, partition: Partition, query: ListQuery) -> list[Record]:
+        """Records selected by ``query``: one Lua script over the indexes."""
+        return self._run(self._list_op(partition, query))  # type: ignore[no-any-return]
+
+    def partitions(self, user: str, space: str) -> list[str]:
+        """Raw names of the user's non-empty partitions in ``space``, sorted."""
+        return self._run(self._partitions_op(user, space))  # type: ignore[no-any-return]
+
+    def drop(self, partition: Partition) -> int:
+        """Delete the partition's keys (no SCAN: the five keys are known)."""
+        return self._run(self._drop_op(partition))  # type: ignore[no-any-return]
+
+    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        """Async :meth:`get`."""
+        return await self._arun(self._get_op(partition, names))  # type: ignore[no-any-return]
+
+    async def awrite(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        """Async :meth:`write`."""
+        return await self._arun(self._write_op(partition, puts, deletes))  # type: ignore[no-any-return]
+
+    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+        """Async :meth:`list`."""
+        return await self._arun(self._list_op(partition, query))  # type: ignore[no-any-return]
+
+    async def apartitions(self, user: str, space: str) -> list[str]:
+        """Async :meth:`partitions`."""
+        return await self._arun(self._partitions_op(user, space))  # type: ignore[no-any-return]
+
+    async def adrop(self, partition: Partition) -> int:
+        """Async :meth:`drop`."""
+        return await self._arun(self._drop_op(partition))  # type: ignore[no-any-return]

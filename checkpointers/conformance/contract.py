@@ -8,22 +8,42 @@ failing case on a violation.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .._names import Partition
-from ..backends.base import Backend, Delete, ListQuery, Mode
+from ..backends.base import Backend, Delete, ListQuery, Mode, Put
 from .._flows import digest, make_put
 from ..errors import (
     ConcurrencyError,
+    CorruptItemError,
     InvalidNameError,
     ItemTooLargeError,
     StepMismatchError,
     TooManyTagsError,
 )
-from ..store import Store
+from ..store import Store, _name
 
-__all__ = ["Api", "CONTRACT_CHECKS", "BACKEND_CHECKS"]
+__all__ = ["Api", "CONTRACT_CHECKS", "BACKEND_CHECKS", "modes_of"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def only_modes(*modes: str) -> Callable[[F], F]:
+    """Mark a store check as meaningful in some API modes only (``"sync"``, ``"async"``)."""
+
+    def mark(check: F) -> F:
+        check.modes = modes  # type: ignore[attr-defined]
+        return check
+
+    return mark
+
+
+def modes_of(check: Callable[..., Any]) -> tuple[str, ...]:
+    """The API modes a store check runs in (both unless marked with :func:`only_modes`)."""
+    return getattr(check, "modes", ("async", "sync"))
 
 
 class Api:
@@ -214,6 +234,87 @@ async def check_atomic_batch(api: Api) -> None:
     assert [i.key for i in await api.list("s", newest_first=False)] == ["new1", "steps/1"]
 
 
+@only_modes("sync")
+async def check_concurrent_if_match_threads(api: Api) -> None:
+    """Two OS threads race set_item(if_match=same etag), many rounds: one winner each."""
+    store, rounds = api.store, 20
+    barrier = threading.Barrier(2)
+
+    def writer(value: int, etag: str, out: list[Any]) -> None:
+        barrier.wait()
+        try:
+            out.append(store.set_item("s", "counter", value, if_match=etag))
+        except ConcurrencyError as exc:
+            out.append(exc)
+
+    for r in range(rounds):
+        base = store.set_item("s", "counter", -1)
+        out: list[Any] = []
+        threads = [threading.Thread(target=writer, args=(2 * r + i, base.etag, out)) for i in (0, 1)]
+        await asyncio.to_thread(lambda: [t.start() for t in threads] and [t.join() for t in threads])
+        wins = [o for o in out if not isinstance(o, BaseException)]
+        assert len(wins) == 1 and len(out) == 2, f"round {r}: two threads with one etag -> {out}"
+        assert store.get_item("s", "counter").value == wins[0].value, f"round {r}: loser's value stored"
+
+
+async def check_atomic_visibility(api: Api) -> None:
+    """A reader polling during many multi-record batches never sees a partial batch."""
+    width, batches = 6, 30
+    keys = [f"k{j}" for j in range(width)]
+    stop = threading.Event()
+    seen: list[list[tuple[str, Any]]] = []
+
+    async def writer() -> None:
+        for n in range(batches):
+            if api.sync:
+                def apply(n: int = n) -> None:
+                    with api.store.batch("vis") as b:
+                        for k in keys:
+                            b.set(k, n)
+                await asyncio.to_thread(apply)
+            else:
+                async with api.store.abatch("vis") as b:
+                    for k in keys:
+                        b.set(k, n)
+            await asyncio.sleep(0)  # let the reader in between batches, at least
+        stop.set()
+
+    async def reader() -> None:
+        while not stop.is_set():
+            items = await api.list("vis")
+            seen.append(sorted((i.key, i.value) for i in items))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(writer(), reader())
+    seen.append(sorted((i.key, i.value) for i in await api.list("vis")))
+    for snap in seen:
+        values = {v for _, v in snap}
+        assert not snap or ([k for k, _ in snap] == keys and len(values) == 1), (
+            f"a reader saw a partial batch: {snap}"
+        )
+    assert seen[-1] == [(k, batches - 1) for k in keys], seen[-1]
+
+
+async def check_corrupt_item_detected(api: Api) -> None:
+    """A record whose bytes do not match its digest raises CorruptItemError, never returns."""
+    store = api.store
+    part = store.partition("s")
+    good = await api.set("s", "ok", {"fine": True})
+    value = b'j{"v":1}'
+    bad = Put(_name("bad"), value, digest(b'j{"v":2}'), "etag-bad")
+    undecodable = make_put(_name("garbled"), b"j{not json")
+    for put in (bad, undecodable):
+        if api.sync:
+            result = await asyncio.to_thread(store.backend.write, part, [put])
+        else:
+            result = await store.backend.awrite(part, [put])
+        assert result.conflict is None, result
+    await _raises(CorruptItemError, api.get("s", "bad"), "get of an item whose digest is wrong")
+    await _raises(CorruptItemError, api.get("s", "garbled"), "get of an undecodable item")
+    await _raises(CorruptItemError, api.list("s"), "list over a corrupt item")
+    assert (await api.get("s", "ok")).etag == good.etag
+
+
 CONTRACT_CHECKS = [
     check_roundtrip_bytes_and_json,
     check_create_refuses_existing,
@@ -226,6 +327,9 @@ CONTRACT_CHECKS = [
     check_invalid_names,
     check_list_order_prefix_tags_limit,
     check_atomic_batch,
+    check_concurrent_if_match_threads,
+    check_atomic_visibility,
+    check_corrupt_item_detected,
 ]
 
 

@@ -161,8 +161,8 @@ SCHEMA_VERSION = len(MIGRATIONS) - 1
 
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 _CHUNK = 400  # names per IN (...) list; old SQLite builds allow 999 variables
-_COLUMNS = "name, seq, etag, digest, tags, value"
-_META_COLUMNS = "name, seq, etag, digest, tags, x'' AS value"
+_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
+_META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, x'' AS value"
 
 # -- error translation -------------------------------------------------------
 
@@ -370,7 +370,7 @@ def _fetch(
     for chunk in _chunks(names):
         marks = ",".join("?" * len(chunk))
         rows = conn.execute(
-            f"SELECT {cols} FROM records WHERE pkey = ? AND name IN ({marks})", (pkey, *chunk)
+            f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks})", (pkey, *chunk)
         )
         for row in rows:
             found[row[0]] = _record(row)
@@ -408,7 +408,8 @@ def _write(
 
         # Append no-ops keep the stored record (and its seq); the rest are applied.
         kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
-        applied = [i for i in range(len(puts)) if i not in set(noops)]
+        skipped = set(noops)
+        applied = [i for i in range(len(puts)) if i not in skipped]
         seqs: dict[int, int] = {}
         if applied:
             conn.execute("UPDATE seq_counter SET seq = seq + ? WHERE id = 0", (len(applied),))
@@ -453,41 +454,48 @@ def _write(
 
 
 def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
-    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, tags via the index."""
+    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, tags via their index.
+
+    Two phases: the inner query picks the rowids (filters, order, limit) while
+    reading only the small columns; the outer one reads the values of just
+    those rows. With tags, the inner query starts from the ``tags_kv`` index
+    (``CROSS JOIN`` fixes that join order in SQLite), so a tag filter reads
+    the matching names, not the whole partition.
+    """
     if query.order not in ("name", "seq"):
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
-    field = query.order
-    where = ["pkey = ?"]
-    params: list[Any] = [pkey]
-    if query.prefix:
-        where.append("name >= ?")
-        params.append(query.prefix)
-        upper = _prefix_upper_bound(query.prefix)
-        if upper is not None:
-            where.append("name < ?")
-            params.append(upper)
-    if query.start is not None:
-        where.append(f"{field} >= ?")
-        params.append(query.start)
-    if query.stop is not None:
-        where.append(f"{field} < ?")
-        params.append(query.stop)
+    order = f"r.{query.order} {'DESC' if query.descending else 'ASC'}"
+    source = "records AS r"
+    where = ["r.pkey = ?"]
+    params: list[Any] = []
     if query.tags:
         tagged = " INTERSECT ".join(
             "SELECT name FROM tags WHERE pkey = ? AND k = ? AND v = ?" for _ in query.tags
         )
-        where.append(f"name IN ({tagged})")
+        source = f"({tagged}) AS t CROSS JOIN records AS r"
+        where.append("r.name = t.name")
         for k, v in query.tags.items():
             params += [pkey, _text(k), _text(v)]
-    cols = _COLUMNS if query.values else _META_COLUMNS
-    sql = (
-        f"SELECT {cols} FROM records WHERE {' AND '.join(where)} "
-        f"ORDER BY {field} {'DESC' if query.descending else 'ASC'}"
-    )
-    if query.limit is not None:
-        sql += " LIMIT ?"
+    params.append(pkey)
+    if query.prefix:
+        where.append("r.name >= ?")
+        params.append(query.prefix)
+        upper = _prefix_upper_bound(query.prefix)
+        if upper is not None:
+            where.append("r.name < ?")
+            params.append(upper)
+    if query.start is not None:
+        where.append(f"r.{query.order} >= ?")
+        params.append(query.start)
+    if query.stop is not None:
+        where.append(f"r.{query.order} < ?")
+        params.append(query.stop)
+    inner = f"SELECT r.rowid FROM {source} WHERE {' AND '.join(where)}"
+    if query.limit is not None:  # the order only matters to pick the first ``limit``
+        inner += f" ORDER BY {order} LIMIT ?"
         params.append(query.limit)
-    return sql, params
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    return f"SELECT {cols} FROM records AS r WHERE r.rowid IN ({inner}) ORDER BY {order}", params
 
 
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
@@ -700,14 +708,13 @@ class SqliteBackend(Backend):
         with self._lock:
             if self._closed:
                 raise self._closed_error()
+            stale = [lp for lp in self._aconns if lp.is_closed()]
+            stale_tasks = [self._aconns.pop(lp) for lp in stale]
             task = self._aconns.get(loop)
-            stale = [t for lp, t in self._aconns.items() if lp.is_closed()]
-            for lp in [lp for lp in self._aconns if lp.is_closed()]:
-                del self._aconns[lp]
             if task is None:
                 task = loop.create_task(self._aopen())
                 self._aconns[loop] = task
-        for t in stale:
+        for t in stale_tasks:
             _stop(t)
         try:
             return await asyncio.shield(task)
@@ -722,6 +729,12 @@ class SqliteBackend(Backend):
         import aiosqlite
 
         aconn = aiosqlite.Connection(self._connect, iter_chunk_size=64)
+        # A daemon worker: a backend the program forgot to close must not hang
+        # interpreter exit (aiosqlite's thread is not a daemon). Dying at exit
+        # mid-transaction is the same as kill -9: nothing half-written survives.
+        worker = getattr(aconn, "_thread", aconn)  # aiosqlite < 0.21: the Connection is the Thread
+        if isinstance(worker, threading.Thread):
+            worker.daemon = True
         await aconn  # starts the worker thread, which runs self._connect
         return aconn
 

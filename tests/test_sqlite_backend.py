@@ -1,0 +1,617 @@
+"""SQLite-specific checks, on real files in ``tmp_path``.
+
+The shared contract runs against SQLite through the ``backend`` fixture; this
+file checks what only SQLite has: several processes on one file, ``kill -9``
+mid-batch, schema migrations, bytes altered on disk, driver-error translation,
+literal prefixes with ``%``/``_``, the tag index, and the sync/async faces
+sharing a file across event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpointers import Store
+from checkpointers._flows import make_put
+from checkpointers._names import Partition
+from checkpointers.backends import open_backend
+from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.sqlite import (
+    MIGRATIONS,
+    SqliteBackend,
+    _list_sql,
+    _retrying,
+    translate_errors,
+)
+from checkpointers.errors import BackendUnavailableError, CheckpointerError, CorruptItemError
+
+SPAWN = multiprocessing.get_context("spawn")
+P = Partition("alice", "items", "runs/r1")
+
+
+def _versions(path: Path) -> list[int]:
+    with sqlite3.connect(path) as conn:
+        return [v for (v,) in conn.execute("SELECT v FROM schema_migrations ORDER BY v")]
+
+
+def _aiosqlite_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
+
+
+def _wait_until(predicate: Any, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+# -- 1. several processes append to one (fresh) file at once -----------------------
+
+APPENDS_PER_PROCESS = 120
+
+
+def _append_worker(path: str, worker: int, barrier: Any, results: Any) -> None:
+    """Child: open the file when every sibling does, append, report the seqs."""
+    try:
+        barrier.wait(timeout=120)
+        backend = SqliteBackend(path)  # several processes migrate a fresh file at once
+
+        def put(n: int) -> Any:
+            return make_put(
+                f"w{worker}/{n:04d}", f"{worker}:{n}".encode(), tags={"w": str(worker)}, mode=Mode.CREATE
+            )
+
+        if worker % 2:  # half the processes go through the async face
+            async def run() -> list[int]:
+                seqs = []
+                for n in range(APPENDS_PER_PROCESS):
+                    result = await backend.awrite(P, [put(n)])
+                    assert result.conflict is None, result.conflict
+                    seqs.append(result.records[0].seq)
+                await backend.aclose()
+                return seqs
+
+            seqs = asyncio.run(run())
+        else:
+            seqs = []
+            for n in range(APPENDS_PER_PROCESS):
+                result = backend.write(P, [put(n)])
+                assert result.conflict is None, result.conflict
+                seqs.append(result.records[0].seq)
+            backend.close()
+        results.put((worker, seqs, None))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put((worker, [], repr(exc)))
+
+
+def test_processes_append_concurrently_without_lost_writes(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    workers = 4
+    barrier = SPAWN.Barrier(workers)
+    results = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=_append_worker, args=(path, w, barrier, results)) for w in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [err for _, _, err in reports if err] == []
+
+    all_seqs: list[int] = []
+    for _, seqs, _ in reports:
+        assert len(seqs) == APPENDS_PER_PROCESS
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # increasing in write order
+        all_seqs += seqs
+    assert len(set(all_seqs)) == workers * APPENDS_PER_PROCESS  # unique across processes
+
+    with SqliteBackend(path) as backend:
+        stored = backend.list(P, ListQuery(order="seq"))
+        assert len(stored) == workers * APPENDS_PER_PROCESS
+        assert sorted(r.seq for r in stored) == sorted(all_seqs)
+        for w in range(workers):
+            mine = backend.list(P, ListQuery(tags={"w": str(w)}, order="seq"))
+            assert [r.name for r in mine] == [f"w{w}/{n:04d}" for n in range(APPENDS_PER_PROCESS)]
+    assert _versions(Path(path)) == list(range(len(MIGRATIONS)))  # migrated exactly once
+
+
+# -- 2. kill -9 in the middle of multi-record batches ----------------------------------
+
+BATCH_RECORDS = 20
+
+
+def _batch_worker(path: str, first: int, committed: Any) -> None:
+    """Child: write batches forever; ``committed`` is the last acknowledged batch id."""
+    backend = SqliteBackend(path)
+    batch = first
+    while True:
+        puts = [
+            make_put(f"b{batch:07d}/r{j:02d}", os.urandom(4096), tags={"batch": str(batch)})
+            for j in range(BATCH_RECORDS)
+        ]
+        head = make_put("head", str(batch).encode())
+        doomed = [Delete(f"b{batch - 1:07d}/r00")] if batch > first else []
+        assert backend.write(P, [*puts, head], doomed).conflict is None
+        committed.value = batch
+        batch += 1
+
+
+def test_kill_9_mid_batch_leaves_whole_batches(tmp_path: Path) -> None:
+    path = str(tmp_path / "crash.db")
+    acknowledged: list[tuple[int, int]] = []  # (first, last acknowledged) per round
+    for round_ in range(3):
+        first = round_ * 1_000_000
+        committed = SPAWN.Value("q", -1)
+        child = SPAWN.Process(target=_batch_worker, args=(path, first, committed))
+        child.start()
+        assert _wait_until(lambda: committed.value >= first + 5, 60), "child never committed"
+        time.sleep(0.05 + 0.1 * round_)  # land somewhere inside a later batch
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(timeout=30)
+        assert child.exitcode == -signal.SIGKILL
+        acknowledged.append((first, committed.value))
+
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    with SqliteBackend(path) as backend:
+        records = backend.list(P, ListQuery(values=False))
+        sizes = Counter(r.tags["batch"] for r in records if "batch" in r.tags)
+        head = int(backend.get(P, ["head"])[0].value)  # type: ignore[union-attr]
+    for first, last in acknowledged:
+        for batch in range(first, last + 1):
+            # every acknowledged batch is there, whole (its r00 deleted by the next batch)
+            expected = {BATCH_RECORDS, BATCH_RECORDS - 1}
+            assert sizes.get(str(batch)) in expected, (batch, sizes.get(str(batch)))
+    for batch, size in sizes.items():
+        following = str(int(batch) + 1)
+        # all or nothing: a batch has all its records, minus r00 only if the next one committed
+        assert size == (BATCH_RECORDS - 1 if following in sizes else BATCH_RECORDS), batch
+    last_round_first, last_round_ack = acknowledged[-1]
+    assert head >= last_round_ack and str(head) in sizes  # "head" moved with its batch
+
+
+# -- 3. schema migrations ---------------------------------------------------------------
+
+
+def test_older_file_is_migrated_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:  # a file left at schema version 0
+        conn.execute(MIGRATIONS[0])
+        conn.execute("INSERT INTO schema_migrations (v) VALUES (0)")
+    assert _versions(path) == [0]
+    with SqliteBackend(path) as backend:
+        backend.write(P, [make_put("a", b"1")])
+    assert _versions(path) == list(range(len(MIGRATIONS)))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"records", "tags", "partitions", "seq_counter", "schema_migrations"} <= tables
+
+
+def test_reopening_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with SqliteBackend(path) as backend:
+        first = backend.write(P, [make_put("a", b"1")]).records[0]
+    for _ in range(2):
+        with SqliteBackend(path) as backend:
+            assert backend.get(P, ["a"]) == [first]
+            later = backend.write(P, [make_put("b", b"2")]).records[0]
+            assert later.seq > first.seq
+    assert _versions(path) == list(range(len(MIGRATIONS)))
+
+
+def test_threads_opening_a_fresh_file_at_once_migrate_it_once(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def open_and_write(i: int) -> None:
+        try:
+            start.wait()
+            with SqliteBackend(path) as backend:
+                backend.write(P, [make_put(f"t{i}", b"x")])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _versions(path) == list(range(len(MIGRATIONS)))
+    with SqliteBackend(path) as backend:
+        assert len(backend.list(P, ListQuery())) == 6
+
+
+def test_file_from_a_newer_release_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    SqliteBackend(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_migrations (v) VALUES (?)", (len(MIGRATIONS) + 5,))
+    with pytest.raises(CheckpointerError, match="newer than this release") as info:
+        SqliteBackend(path)
+    assert not isinstance(info.value, BackendUnavailableError)  # upgrading helps, retrying does not
+
+
+# -- 4. bytes altered on disk -------------------------------------------------------------
+
+
+def test_bytes_altered_on_disk_raise_corrupt_item(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with SqliteBackend(path) as backend:
+        store = Store(backend).for_user("alice")
+        store.set_item("runs/r1", "plan", {"steps": [1, 2, 3]})
+        store.set_item("runs/r1", "other", {"fine": True})
+        with sqlite3.connect(path) as conn:
+            (value,) = conn.execute("SELECT value FROM records WHERE name LIKE 'i/_plan'").fetchone()
+            damaged = value.replace(b"2", b"7")
+            assert damaged != value
+            conn.execute("UPDATE records SET value = ? WHERE name = 'i/_plan'", (damaged,))
+        with pytest.raises(CorruptItemError, match="plan"):
+            store.get_item("runs/r1", "plan")
+        with pytest.raises(CorruptItemError):
+            store.list_items("runs/r1")
+        assert store.get_item("runs/r1", "other").value == {"fine": True}  # type: ignore[union-attr]
+
+        async def read_async() -> None:
+            with pytest.raises(CorruptItemError):
+                await store.aget_item("runs/r1", "plan")
+
+        asyncio.run(read_async())
+
+
+# -- 5. driver errors become library errors -------------------------------------------------
+
+#: Every exception class ``sqlite3`` defines, and whether it means "unavailable".
+SQLITE3_ERRORS = {
+    "Error": True,
+    "DatabaseError": True,
+    "OperationalError": True,
+    "InternalError": True,
+    "InterfaceError": False,
+    "ProgrammingError": False,
+    "IntegrityError": False,
+    "DataError": False,
+    "NotSupportedError": False,
+    "Warning": False,
+}
+
+
+def test_every_sqlite3_exception_class_is_translated() -> None:
+    defined = {
+        name
+        for name, obj in vars(sqlite3).items()
+        if isinstance(obj, type) and issubclass(obj, (sqlite3.Error, sqlite3.Warning))
+    }
+    assert defined == set(SQLITE3_ERRORS), "a new sqlite3 exception class: decide how to map it"
+    for name, unavailable in SQLITE3_ERRORS.items():
+        raised = getattr(sqlite3, name)("boom")
+        with pytest.raises(CheckpointerError) as info:
+            with translate_errors("x.db"):
+                raise raised
+        assert info.value.__cause__ is raised, name
+        assert isinstance(info.value, BackendUnavailableError) is unavailable, name
+        assert "x.db" in str(info.value)
+
+
+def _holder_script(path: Path) -> str:
+    return (
+        "import sqlite3, sys, time\n"
+        f"conn = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+        "conn.execute('BEGIN IMMEDIATE')\n"
+        "conn.execute(\"UPDATE seq_counter SET seq = seq WHERE id = 0\")\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+
+
+def test_write_lock_held_by_another_process_gives_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    with SqliteBackend(path) as setup:
+        setup.write(P, [make_put("a", b"1")])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _holder_script(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with SqliteBackend(path, timeout=0.3) as backend:
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailableError, match="locked") as info:
+                backend.write(P, [make_put("b", b"2")])
+            assert time.monotonic() - began >= 0.25  # it waited for the lock first
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+
+            async def write_async() -> None:
+                with pytest.raises(BackendUnavailableError) as ainfo:
+                    await backend.awrite(P, [make_put("b", b"2")])
+                assert isinstance(ainfo.value.__cause__, sqlite3.OperationalError)
+
+            asyncio.run(write_async())
+            # WAL: readers are not blocked by the writer
+            assert backend.get(P, ["a"])[0] is not None
+    finally:
+        holder.kill()
+        holder.wait()
+    with SqliteBackend(path) as backend:  # the lock is gone with its process
+        assert backend.write(P, [make_put("b", b"2")]).conflict is None
+
+
+def test_busy_errors_are_retried_until_the_deadline_and_others_are_not() -> None:
+    calls: list[int] = []
+
+    def busy_twice() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return "done"
+
+    assert _retrying(5.0, busy_twice) == "done" and len(calls) == 3
+
+    def always_busy() -> None:
+        calls.append(1)
+        raise sqlite3.OperationalError("database is locked")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError):
+        _retrying(0.1, always_busy)
+    assert 1 < len(calls) < 50  # retried, but bounded by the deadline
+
+    def io_error() -> None:
+        calls.append(1)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError):
+        _retrying(5.0, io_error)
+    assert len(calls) == 1
+
+
+def test_not_a_database_and_missing_directory_give_unavailable(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a sqlite file at all" * 200)
+    with pytest.raises(BackendUnavailableError, match="garbage.db") as info:
+        SqliteBackend(garbage)
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+    with pytest.raises(BackendUnavailableError) as info:
+        SqliteBackend(tmp_path / "no" / "such" / "dir" / "x.db")
+    assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+
+
+def test_closed_backend_refuses_calls(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    backend.close()
+    backend.close()  # idempotent
+    with pytest.raises(BackendUnavailableError, match="closed"):
+        backend.get(P, ["a"])
+    with pytest.raises(BackendUnavailableError, match="closed"):
+        asyncio.run(backend.aget(P, ["a"]))
+
+
+# -- 6. sync and async faces, several event loops -------------------------------------------
+
+
+def test_sync_and_async_see_each_other_across_event_loops(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    try:
+        backend.write(P, [make_put("sync", b"s")])
+
+        async def first_loop() -> None:
+            assert (await backend.aget(P, ["sync"]))[0].value == b"s"  # type: ignore[union-attr]
+            await backend.awrite(P, [make_put("async1", b"a1")])
+
+        async def second_loop() -> None:  # a new loop: the first loop's connection is unusable
+            assert len(await backend.alist(P, ListQuery())) == 2
+            await backend.awrite(P, [make_put("async2", b"a2")])
+
+        asyncio.run(first_loop())
+        assert backend.get(P, ["async1"])[0].value == b"a1"  # type: ignore[union-attr]
+        asyncio.run(second_loop())
+        assert [r.name for r in backend.list(P, ListQuery(order="seq"))] == ["sync", "async1", "async2"]
+        # the closed first loop's worker thread was stopped when the second loop came
+        assert _wait_until(lambda: len(_aiosqlite_threads()) <= 1)
+    finally:
+        backend.close()
+    assert _wait_until(lambda: _aiosqlite_threads() == []), "close() left aiosqlite threads"
+
+
+def test_event_loops_in_several_threads_at_once(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    errors: list[BaseException] = []
+
+    def in_own_loop(t: int) -> None:
+        async def body() -> None:
+            for n in range(30):
+                put = make_put(f"t{t}/{n:02d}", b"v", mode=Mode.CREATE)
+                assert (await backend.awrite(P, [put])).conflict is None
+                backend.write(P, [make_put(f"s{t}/{n:02d}", b"v")])  # sync from a loop's thread too
+
+        try:
+            asyncio.run(body())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=in_own_loop, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        records = backend.list(P, ListQuery(values=False))
+        assert len(records) == 3 * 30 * 2
+        assert len({r.seq for r in records}) == len(records)
+    finally:
+        backend.close()
+    assert _wait_until(lambda: _aiosqlite_threads() == [])
+
+
+async def test_aclose_releases_this_loops_connection(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    await backend.awrite(P, [make_put("a", b"1")])
+    assert len(_aiosqlite_threads()) == 1
+    await backend.aclose()
+    assert _aiosqlite_threads() == []  # awaited: gone at once
+    with pytest.raises(BackendUnavailableError):
+        await backend.aget(P, ["a"])
+
+
+# -- SQLite-specific details of the contract --------------------------------------------------
+
+
+def test_prefix_is_literal_with_percent_and_underscore(sqlite_backend: SqliteBackend) -> None:
+    names = ["a%b", "a%c", "aXb", "a_b", "a_c", "ab", "a/b", "a-", "b%"]
+    sqlite_backend.write(P, [make_put(n, n.encode()) for n in names])
+
+    def listed(prefix: str) -> list[str]:
+        return [r.name for r in sqlite_backend.list(P, ListQuery(prefix=prefix))]
+
+    assert listed("a%") == ["a%b", "a%c"]
+    assert listed("a_") == ["a_b", "a_c"]
+    assert listed("a") == sorted(n for n in names if n.startswith("a"))
+    assert listed("%") == []
+
+
+def test_tag_queries_read_the_tag_index_not_the_partition(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    with SqliteBackend(path) as backend:
+        backend.write(P, [make_put(f"n{i:03d}", b"v", tags={"kind": f"k{i % 10}", "x": "1"}) for i in range(100)])
+        query = ListQuery(tags={"kind": "k3", "x": "1"}, order="seq", descending=True, limit=4)
+        found = backend.list(P, query)
+        assert [r.name for r in found] == ["n093", "n083", "n073", "n063"]
+        sql, params = _list_sql(P.key, query)
+        with sqlite3.connect(path) as conn:
+            plan = " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+    assert "tags_kv" in plan
+    assert "SCAN r" not in plan and "SCAN records" not in plan, plan
+
+
+def test_seq_keeps_growing_after_the_newest_record_is_deleted(sqlite_backend: SqliteBackend) -> None:
+    a, b = sqlite_backend.write(P, [make_put("a", b"1"), make_put("b", b"2")]).records
+    sqlite_backend.write(P, [], [Delete("b")])
+    other = Partition("bob", "items", "x")
+    (c,) = sqlite_backend.write(other, [make_put("c", b"3")]).records
+    (d,) = sqlite_backend.write(P, [make_put("d", b"4")]).records
+    assert a.seq < b.seq < c.seq < d.seq
+    noop = sqlite_backend.write(P, [make_put("d", b"4", mode=Mode.APPEND)]).records[0]
+    assert noop.seq == d.seq and noop.etag == d.etag  # an append no-op keeps the old record
+
+
+def test_partitions_keep_raw_names_and_vanish_with_their_last_record(sqlite_backend: SqliteBackend) -> None:
+    long_name = "thread-" + "x" * 400  # hashed in Partition.key
+    odd_name = "t\ud800:|/%_*"  # a lone surrogate and glob/LIKE characters
+    for name in (long_name, odd_name, "plain"):
+        sqlite_backend.write(Partition("alice", "langgraph", name), [make_put("r", b"v")])
+    sqlite_backend.write(Partition("alice2", "langgraph", "theirs"), [make_put("r", b"v")])
+    assert Partition("alice", "langgraph", long_name).key.rsplit("/", 1)[1].startswith("h")
+    assert sqlite_backend.partitions("alice", "langgraph") == sorted([long_name, odd_name, "plain"])
+
+    sqlite_backend.write(Partition("alice", "langgraph", "plain"), [], [Delete("r")])
+    assert sqlite_backend.drop(Partition("alice", "langgraph", long_name)) == 1
+    assert sqlite_backend.partitions("alice", "langgraph") == [odd_name]
+    assert sqlite_backend.partitions("alice2", "langgraph") == ["theirs"]
+
+
+def test_tags_with_any_characters_round_trip_and_filter(sqlite_backend: SqliteBackend) -> None:
+    tags = {"k\ud800": "v\udfff", "quote\"": "é%_*", "empty": ""}
+    sqlite_backend.write(P, [make_put("a", b"1", tags=tags), make_put("b", b"2", tags={"empty": "x"})])
+    assert sqlite_backend.get(P, ["a"])[0].tags == tags  # type: ignore[union-attr]
+    for k, v in tags.items():
+        assert [r.name for r in sqlite_backend.list(P, ListQuery(tags={k: v}))] == ["a"]
+    # re-tagging replaces the indexed tags in the same transaction
+    sqlite_backend.write(P, [make_put("a", b"1", tags={"new": "1"})])
+    assert sqlite_backend.list(P, ListQuery(tags={"empty": ""})) == []
+    assert [r.name for r in sqlite_backend.list(P, ListQuery(tags={"new": "1"}))] == ["a"]
+
+
+def test_refused_batch_changes_nothing(sqlite_backend: SqliteBackend) -> None:
+    (kept,) = sqlite_backend.write(P, [make_put("a", b"1", tags={"t": "1"})]).records
+    result = sqlite_backend.write(
+        P, [make_put("new", b"n", tags={"t": "1"}), make_put("a", b"2", mode=Mode.CREATE)], [Delete("gone")]
+    )
+    assert result.records == [] and result.conflict is not None
+    assert result.conflict.index == 1 and result.conflict.existing == kept  # full stored record
+    assert sqlite_backend.list(P, ListQuery()) == [kept]
+    assert [r.name for r in sqlite_backend.list(P, ListQuery(tags={"t": "1"}))] == ["a"]
+    # the seq counter did not move either
+    (after,) = sqlite_backend.write(P, [make_put("b", b"b")]).records
+    assert after.seq == kept.seq + 1
+
+
+def test_several_threads_share_one_backend(sqlite_backend: SqliteBackend) -> None:
+    errors: list[BaseException] = []
+
+    def writer(t: int) -> None:
+        try:
+            for n in range(40):
+                sqlite_backend.write(P, [make_put(f"t{t}/{n:02d}", b"v", mode=Mode.CREATE)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    records = sqlite_backend.list(P, ListQuery(order="seq"))
+    assert len(records) == 160 and len({r.seq for r in records}) == 160
+
+
+def test_large_batches_and_gets_span_several_statements(sqlite_backend: SqliteBackend) -> None:
+    names = [f"n{i:05d}" for i in range(1000)]  # over the IN-list chunk size
+    records = sqlite_backend.write(P, [make_put(n, n.encode()) for n in names]).records
+    got = sqlite_backend.get(P, [*names, "absent"])
+    assert got == [*records, None]
+
+
+def test_from_url_paths_and_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with SqliteBackend.from_url("sqlite:///relative.db") as rel:
+        assert Path(rel.path).resolve() == tmp_path / "relative.db"
+    absolute = tmp_path / "sub" / "abs.db"
+    absolute.parent.mkdir()
+    with open_backend(f"sqlite:///{absolute}?timeout=2.5&synchronous=full") as backend:
+        assert isinstance(backend, SqliteBackend) and backend.kind == "sqlite"
+        assert backend.path == str(absolute) and backend.timeout == 2.5
+        assert backend._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # FULL
+    with SqliteBackend(tmp_path / "d.db") as default:
+        assert default._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]) == 1  # NORMAL
+    for bad in ("sqlite:///:memory:", "sqlite://", "sqlite://host/x.db", "sqlite:///x.db?cache=shared"):
+        with pytest.raises(ValueError):
+            SqliteBackend.from_url(bad)
+    with pytest.raises(ValueError, match="file"):
+        SqliteBackend(":memory:")
+
+
+def test_a_backend_never_closed_does_not_hang_interpreter_exit(tmp_path: Path) -> None:
+    script = (
+        "import asyncio\n"
+        "from checkpointers._flows import make_put\n"
+        "from checkpointers._names import Partition\n"
+        "from checkpointers.backends.sqlite import SqliteBackend\n"
+        f"backend = SqliteBackend({str(tmp_path / 'x.db')!r})\n"
+        "asyncio.run(backend.awrite(Partition('u', 'items', 's'), [make_put('a', b'1')]))\n"
+        "print('written', flush=True)\n"  # and exit without close()
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "written", done.stderr
+    with SqliteBackend(tmp_path / "x.db") as backend:
+        assert backend.get(Partition("u", "items", "s"), ["a"])[0] is not None

@@ -1,0 +1,831 @@
+"""S3 backend: one object per record, atomic batches without transactions.
+
+Works with AWS S3 and S3-compatible stores (MinIO, Ceph, R2, moto) through
+boto3. The async API runs the same sync functions on a bounded thread pool,
+so the event loop never blocks on boto3.
+
+Object layout (``<root>`` is the optional key prefix, ``<p>`` the partition's
+injective :attr:`~checkpointers._names.Partition.key`, ``<u>`` its ``user_key``)::
+
+    <root><p>/r/<inverted name>~   one record: header (etag, digest, seq, tags) + value
+    <root><p>/tx/<id>              a pending multi-record batch (redo log), short-lived
+    <root><p>/p                    the raw partition name, only for hashed (long) names
+
+Everything of a user lies under ``<root><u>``; ``user_key`` ends with ``/``,
+so ``alice`` never lists ``alice2``.
+
+**Descending name order without a reverse LIST.** S3 lists keys ascending
+only, and the hot query (the LangGraph saver's latest checkpoint) is
+``list(prefix=..., order="name", descending=True, limit=1)``. Record keys are
+therefore stored *inverted*: every character of the name is replaced by its
+mirror in the sorted name alphabet ``[%-/0-9A-Z_a-z]`` and ``~`` (greater than
+every mirrored character) is appended. That map is strictly order-reversing
+and keeps prefixes as prefixes, so an ascending S3 LIST of
+``<p>/r/<inverted prefix>`` returns names in descending order: the latest
+lookup is one LIST (``MaxKeys`` small) plus one GET, whatever the history
+length. Ascending-name and seq-ordered listings read the whole prefix.
+
+**Atomicity.** S3 has no multi-object transactions. A batch is applied so
+that it is all-or-nothing for every reader, also under ``kill -9``:
+
+1. *Staged puts* (content-addressed blobs, ``Put.staged``) are written first,
+   in parallel, with ``If-None-Match: *``; nothing reaches them until a later
+   record of the batch refers to them, so a crash leaves only unreferenced
+   objects. A refused batch may also leave its new staged objects behind.
+   They are removed by the layer above (the LangGraph saver's ``prune``),
+   which knows what is referenced.
+2. A batch with **one** other operation is **one conditional request**:
+   ``If-None-Match: *`` for CREATE and APPEND (on 412 the stored record is
+   read to tell a no-op from a conflict), ``If-Match: <S3 ETag>`` for
+   IF_MATCH and conditional deletes (the stored record is read first, its
+   etag compared, and the write is conditioned on the S3 ETag just read, so
+   S3 itself rejects a write that raced in between), a plain PUT for UPSERT.
+3. A batch with **several** other operations uses a redo log. The current
+   objects are read and the conditions evaluated; then a manifest holding
+   the whole batch (every new record body and the S3 ETag each operation
+   expects to replace, or "absent") is written to ``<p>/tx/<id>`` with
+   ``If-None-Match: *``: that PUT is the commit point. The operations are
+   then applied in parallel, each conditioned on its expected ETag; deletes
+   are applied as *tombstones* (records that read as absent). Every object a
+   batch writes carries the batch id (a *marker*). Finally the manifest is
+   deleted and the tombstones are removed with conditional deletes.
+
+   A reader that meets a marker whose batch it has not yet seen completed
+   GETs the manifest; if it still exists it **rolls the batch forward**
+   (applies the remaining operations, same conditions, idempotent) and
+   deletes it; then it reads again, so a multi-record read never mixes
+   before- and after-states of one batch. A crash before the first
+   operation lands leaves a manifest that nothing refers to; the batch is
+   then not visible, and :meth:`S3Backend.recover` (the documented cleanup)
+   aborts such manifests once older than ``lease`` seconds and rolls
+   partially applied ones forward.
+
+**Concurrent writers.** Every write is conditioned on S3 (ETag or absence),
+so an etag-checked write, a create and an append never overwrite a record
+that changed since it was read. Multi-record batches are not isolated from
+a writer that changes one of their records between their pre-read and their
+apply (one round trip): the racing write then wins on that record, as if it
+came after the batch, and the batch's operation on it is dropped. Such a
+race needs two writers on the same record at the same instant (in LangGraph,
+two processes running the same task of the same thread).
+
+**Sequence numbers** are microsecond timestamps made strictly monotonic per
+backend instance (and above the seq of any record a write replaced):
+strictly increasing within a process, ordered by wall clock across processes.
+
+With ``conditional_writes=False`` (for endpoints without conditional
+writes) conditions are checked by a HEAD before the write: a weaker mode
+where two racing writers can both win.
+
+Throttling and 5xx errors are retried by botocore (``standard`` mode,
+``max_attempts``); past that bound :class:`BackendUnavailableError` is raised
+with the cause chained. Requests are counted per operation in
+:attr:`S3Backend.requests` (a :class:`collections.Counter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from .._names import Partition, decode_component
+from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
+from .base import (
+    Backend,
+    Conflict,
+    Delete,
+    ListQuery,
+    Mode,
+    Put,
+    Record,
+    WriteResult,
+    check_batch,
+    evaluate,
+)
+
+__all__ = ["ConditionalWritesUnsupportedError", "S3Backend", "translate_errors"]
+
+T = TypeVar("T")
+
+_ALPHABET = "".join(sorted("%-/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"))
+_INVERT = str.maketrans(_ALPHABET, _ALPHABET[::-1])
+_END = "~"  # greater than every character of _ALPHABET
+_MAGIC = b"CKS3"
+_TX_MAGIC = b"CKTX"
+_DONE_CACHE = 100_000
+_PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+class ConditionalWritesUnsupportedError(CheckpointerError, NotImplementedError):
+    """The S3 endpoint refused a conditional write (``If-None-Match``/``If-Match``).
+
+    The atomicity and append-only guarantees rely on them. Use an endpoint
+    that supports conditional writes (AWS S3, recent MinIO, R2), or pass
+    ``conditional_writes=False`` to accept the documented weaker mode.
+    """
+
+
+@contextmanager
+def translate_errors(where: str) -> Iterator[None]:
+    """Map every botocore/boto3 exception to :class:`BackendUnavailableError`.
+
+    The one place driver errors cross into the library; ``where`` names the
+    endpoint and bucket in the message. Errors of the library pass through.
+    """
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except CheckpointerError:
+        raise
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = err.get("Code", "?")
+        hint = {
+            "NoSuchBucket": "create the bucket first",
+            "AccessDenied": "check the credentials and the bucket policy",
+            "InvalidAccessKeyId": "check AWS_ACCESS_KEY_ID",
+            "SignatureDoesNotMatch": "check AWS_SECRET_ACCESS_KEY",
+        }.get(code, "retries exhausted or the request was refused")
+        raise BackendUnavailableError(
+            f"S3 request to {where} failed with {code} (HTTP {status}): {err.get('Message', '')}; {hint}"
+        ) from exc
+    except (BotoCoreError, Boto3Error) as exc:
+        raise BackendUnavailableError(
+            f"S3 endpoint {where} unavailable after retries: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: Any) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _invert(name: str) -> str:
+    bad = set(name) - set(_ALPHABET)
+    if bad:
+        raise ValueError(f"record name {name!r} has characters outside [A-Za-z0-9_%/-]: {sorted(bad)}")
+    return name.translate(_INVERT)
+
+
+@dataclass(frozen=True)
+class _Obj:
+    """A record object as read: the record (None for a tombstone), marker and S3 ETag."""
+
+    record: Record | None
+    tx: str | None
+    s3etag: str
+
+
+def _encode(header: dict[str, Any], value: bytes) -> bytes:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return _MAGIC + len(h).to_bytes(4, "big") + h + value
+
+
+def _decode(name: str, body: bytes, s3etag: str, values: bool = True) -> _Obj:
+    if body[:4] != _MAGIC:
+        raise CorruptItemError(name, "S3 object is not a checkpointers record")
+    n = int.from_bytes(body[4:8], "big")
+    try:
+        h = json.loads(body[8 : 8 + n])
+    except ValueError as exc:
+        raise CorruptItemError(name, f"record header does not decode: {exc}") from exc
+    if h.get("z"):
+        return _Obj(None, h.get("x"), s3etag)
+    value = body[8 + n :] if values else b""
+    return _Obj(Record(name, value, h["t"], h["e"], h["d"], h["s"]), h.get("x"), s3etag)
+
+
+def _record_body(put: Put, seq: int, tx: str | None = None) -> bytes:
+    header: dict[str, Any] = {"e": put.etag, "d": put.digest, "s": seq, "t": dict(put.tags)}
+    if tx:
+        header["x"] = tx
+    return _encode(header, put.value)
+
+
+def _tombstone(tx: str) -> bytes:
+    return _encode({"z": 1, "x": tx}, b"")
+
+
+class S3Backend(Backend):
+    """The backend interface over one S3 bucket (and optional key prefix).
+
+    >>> backend = S3Backend("my-bucket", "agents/", endpoint_url="http://127.0.0.1:9000")  # doctest: +SKIP
+
+    ``client`` (a boto3 S3 client) or ``session`` (a boto3 session) may be
+    given; otherwise one is created with ``endpoint_url`` and
+    ``region_name``. Request-counting hooks are registered on the client.
+    ``max_workers`` bounds both the pool that runs async calls and the pool
+    that runs a batch's parallel requests. ``lease`` is how long a writer
+    may take to apply a committed batch before :meth:`recover` aborts it.
+    """
+
+    kind = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: Any = None,
+        session: Any = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        conditional_writes: bool = True,
+        max_workers: int = 16,
+        max_attempts: int = 5,
+        lease: float = 60.0,
+        consistent_read_timeout: float = 10.0,
+    ) -> None:
+        if not bucket:
+            raise ValueError("S3Backend needs a bucket name")
+        self.bucket = bucket
+        self.root = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.conditional_writes = conditional_writes
+        self.lease = lease
+        self.consistent_read_timeout = consistent_read_timeout
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                retries={"mode": "standard", "max_attempts": max_attempts},
+                max_pool_connections=max(10, 2 * max_workers),
+            )
+            client = (session or boto3.session.Session()).client(
+                "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
+            )
+        self.client = client
+        self.where = f"{client.meta.endpoint_url} bucket {bucket!r}"
+        #: S3 requests sent, per operation name (``PutObject``, ``ListObjectsV2``...).
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+        client.meta.events.register_first("before-send.s3", self._count)
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="s3-call")
+        self._io = ThreadPoolExecutor(max_workers, thread_name_prefix="s3-io")
+        self._in_io = threading.local()
+        self._seq_lock = threading.Lock()
+        self._last_seq = 0
+        self._done: OrderedDict[str, float] = OrderedDict()  # tx id -> when seen complete
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Backend:
+        """``s3://bucket/prefix?endpoint_url=...&region=...&conditional_writes=false``."""
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"expected s3://bucket/prefix, got {url!r}")
+        q = dict(parse_qsl(parts.query))
+        kwargs: dict[str, Any] = {}
+        if "endpoint_url" in q:
+            kwargs["endpoint_url"] = q["endpoint_url"]
+        if "region" in q:
+            kwargs["region_name"] = q["region"]
+        if "conditional_writes" in q:
+            kwargs["conditional_writes"] = q["conditional_writes"].lower() not in ("0", "false", "no")
+        kwargs.update(options)
+        return cls(parts.netloc, parts.path, **kwargs)
+
+    # -- counters ----------------------------------------------------------
+
+    @property
+    def request_count(self) -> int:
+        """Total S3 requests sent (retries included)."""
+        with self._count_lock:
+            return sum(self.requests.values())
+
+    def reset_counters(self) -> None:
+        """Zero :attr:`requests` (for benchmarks)."""
+        with self._count_lock:
+            self.requests.clear()
+
+    def _count(self, event_name: str = "", **_: Any) -> None:
+        with self._count_lock:
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
+
+    # -- the five operations (sync; async runs these on the pool) -----------
+
+    def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        with translate_errors(self.where):
+            return [o.record if o else None for o in self._read(partition.key, list(names))]
+
+    def write(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        check_batch(puts, deletes)
+        with translate_errors(self.where):
+            return self._write(partition, list(puts), list(deletes))
+
+    def list(self, partition: Partition, query: ListQuery) -> list[Record]:
+        with translate_errors(self.where):
+            return self._consistent(partition.key, lambda: self._list_once(partition.key, query), True)
+
+    def partitions(self, user: str, space: str) -> list[str]:
+        with translate_errors(self.where):
+            return self._partitions(user, space)
+
+    def drop(self, partition: Partition) -> int:
+        with translate_errors(self.where):
+            keys = self._keys(self.root + partition.key + "/")
+            self._delete_keys(keys)
+            return sum(1 for k in keys if k.startswith(self._rprefix(partition.key)))
+
+    def recover(self, partition: Partition) -> tuple[int, int]:
+        """The documented cleanup of a partition after crashes.
+
+        Rolls forward every pending batch that left a mark, aborts (deletes)
+        unmarked manifests older than ``lease`` seconds, and removes leftover
+        tombstones. Returns ``(rolled_forward, aborted)``. Unreferenced staged
+        blobs are removed by the layer above (``prune``).
+        """
+        with translate_errors(self.where):
+            return self._recover(partition.key)
+
+    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        return await self._off_loop(self.get, partition, names)
+
+    async def awrite(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+    ) -> WriteResult:
+        return await self._off_loop(self.write, partition, puts, deletes)
+
+    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+        return await self._off_loop(self.list, partition, query)
+
+    async def apartitions(self, user: str, space: str) -> list[str]:
+        return await self._off_loop(self.partitions, user, space)
+
+    async def adrop(self, partition: Partition) -> int:
+        return await self._off_loop(self.drop, partition)
+
+    async def arecover(self, partition: Partition) -> tuple[int, int]:
+        """Async :meth:`recover`."""
+        return await self._off_loop(self.recover, partition)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._io.shutdown(wait=True)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def _map(self, fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
+        """Run ``fn`` over ``items`` in parallel; sequentially inside the I/O pool (no deadlock)."""
+        items = list(items)
+        if len(items) <= 1 or getattr(self._in_io, "on", False):
+            return [fn(i) for i in items]
+
+        def task(item: Any) -> T:
+            self._in_io.on = True
+            return fn(item)
+
+        return list(self._io.map(task, items))
+
+    # -- keys ----------------------------------------------------------------
+
+    def _rprefix(self, pkey: str) -> str:
+        return f"{self.root}{pkey}/r/"
+
+    def _rkey(self, pkey: str, name: str) -> str:
+        return self._rprefix(pkey) + _invert(name) + _END
+
+    def _name_of(self, pkey: str, key: str) -> str:
+        return key[len(self._rprefix(pkey)) : -len(_END)].translate(_INVERT)
+
+    def _txkey(self, pkey: str, tx: str) -> str:
+        return f"{self.root}{pkey}/tx/{tx}"
+
+    # -- S3 primitives -----------------------------------------------------
+
+    def _get_obj(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _code(exc) in _MISSING_CODES:
+                return None
+            raise
+        return resp["Body"].read(), resp["ETag"]
+
+    def _put_obj(self, key: str, body: bytes, *, absent: bool = False, match: str | None = None) -> str | None:
+        """PUT ``body``; with ``absent``/``match`` conditioned on S3. None when the condition failed."""
+        from botocore.exceptions import ClientError
+
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body}
+        if self.conditional_writes:
+            if absent:
+                args["IfNoneMatch"] = "*"
+            elif match is not None:
+                args["IfMatch"] = match
+        elif (absent or match is not None) and not self._holds(key, absent, match):
+            return None
+        try:
+            return str(self.client.put_object(**args)["ETag"])
+        except ClientError as exc:
+            if "IfNoneMatch" in args or "IfMatch" in args:
+                self._check_conditional_support(exc)
+                if _code(exc) in _PRECONDITION_CODES or _status(exc) in (409, 412):
+                    return None
+                if "IfMatch" in args and (_code(exc) in _MISSING_CODES or _status(exc) == 404):
+                    return None
+            raise
+
+    def _delete_obj(self, key: str, match: str | None = None) -> bool:
+        """DELETE ``key``, conditioned on its S3 ETag when ``match``; False if the condition failed."""
+        from botocore.exceptions import ClientError
+
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if match is not None:
+            if self.conditional_writes:
+                args["IfMatch"] = match
+            elif not self._holds(key, False, match):
+                return False
+        try:
+            self.client.delete_object(**args)
+            return True
+        except ClientError as exc:
+            if "IfMatch" not in args:
+                raise
+            self._check_conditional_support(exc)
+            if _code(exc) in _PRECONDITION_CODES | _MISSING_CODES or _status(exc) in (404, 409, 412):
+                return False
+            raise
+
+    def _holds(self, key: str, absent: bool, match: str | None) -> bool:
+        """Weaker mode: check a condition with a HEAD (racy; documented)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            etag = self.client.head_object(Bucket=self.bucket, Key=key)["ETag"]
+        except ClientError as exc:
+            if _status(exc) == 404 or _code(exc) in _MISSING_CODES:
+                return absent
+            raise
+        return not absent and etag.strip('"') == (match or "").strip('"')
+
+    def _check_conditional_support(self, exc: Any) -> None:
+        code, status = _code(exc), _status(exc)
+        message = str(exc.response.get("Error", {}).get("Message", ""))
+        refused = code == "NotImplemented" or status == 501 or (
+            code in ("InvalidArgument", "InvalidRequest", "NotSupported")
+            and ("match" in message.lower() or "condition" in message.lower())
+        )
+        if refused:
+            raise ConditionalWritesUnsupportedError(
+                f"S3 endpoint {self.where} does not support conditional writes "
+                f"(If-None-Match / If-Match on PutObject and DeleteObject): it answered "
+                f"{code} (HTTP {status}). They are needed for atomic batches and append-only "
+                f"keys. Use an endpoint that supports them, or pass conditional_writes=False "
+                f"to accept the weaker mode where racing writers can both win."
+            ) from exc
+
+    def _keys(self, prefix: str, start_after: str | None = None) -> list[str]:
+        return [k for page in self._pages(prefix, start_after) for k in page]
+
+    def _pages(self, prefix: str, start_after: str | None = None, page_size: int = 1000) -> Iterator[list[str]]:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": page_size}
+        if start_after is not None and start_after > prefix:
+            args["StartAfter"] = start_after
+        while True:
+            resp = self.client.list_objects_v2(**args)
+            yield [o["Key"] for o in resp.get("Contents", [])]
+            if not resp.get("IsTruncated"):
+                return
+            args["ContinuationToken"] = resp["NextContinuationToken"]
+            args["MaxKeys"] = 1000
+
+    def _delete_keys(self, keys: Sequence[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = [{"Key": k} for k in keys[i : i + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+
+    # -- sequence numbers ----------------------------------------------------
+
+    def _next_seq(self, floor: int = 0) -> int:
+        with self._seq_lock:
+            self._last_seq = max(time.time_ns() // 1000, self._last_seq + 1, floor + 1)
+            return self._last_seq
+
+    # -- reads, made consistent with pending batches -------------------------
+
+    def _fetch(self, pkey: str, name: str, values: bool = True) -> _Obj | None:
+        got = self._get_obj(self._rkey(pkey, name))
+        return None if got is None else _decode(name, got[0], got[1], values)
+
+    def _read(self, pkey: str, names: list[str]) -> list[_Obj | None]:
+        def attempt() -> tuple[list[_Obj | None], list[_Obj]]:
+            objs = self._map(lambda n: self._fetch(pkey, n), names)
+            return objs, [o for o in objs if o is not None]
+
+        return self._consistent(pkey, attempt, len(names) > 1)
+
+    def _consistent(self, pkey: str, attempt: Callable[[], tuple[T, list[_Obj]]], multi: bool) -> T:
+        """Run a read; if it met a batch not known complete, complete it and (multi) read again.
+
+        ``attempt`` returns its result and every object it read. A read that
+        met several objects is repeated after completing the batch, so it never
+        mixes the before- and after-states of one batch. Under a stream of
+        batches on the same partition the repeats back off (up to
+        ``consistent_read_timeout`` seconds), then raise
+        :class:`BackendUnavailableError` rather than return a mixed state.
+        """
+        deadline = time.monotonic() + self.consistent_read_timeout
+        pause = 0.001
+        while True:
+            started = time.monotonic()
+            result, objs = attempt()
+            pending = {o.tx for o in objs if o.tx and not self._done_before(o.tx, started)}
+            for tx in pending:
+                self._complete(pkey, tx)
+            if not pending or not multi:
+                return result
+            if time.monotonic() > deadline:
+                raise BackendUnavailableError(
+                    f"no consistent read of partition {pkey!r} on {self.where} within "
+                    f"{self.consistent_read_timeout} s: other writers' batches kept landing during the read"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _done_before(self, tx: str, started: float) -> bool:
+        with self._seq_lock:
+            when = self._done.get(tx)
+        return when is not None and when < started
+
+    def _mark_done(self, tx: str) -> None:
+        with self._seq_lock:
+            self._done[tx] = time.monotonic()
+            self._done.move_to_end(tx)
+            while len(self._done) > _DONE_CACHE:
+                self._done.popitem(last=False)
+
+    # -- batches -------------------------------------------------------------
+
+    def _write(self, p: Partition, puts: list[Put], deletes: list[Delete]) -> WriteResult:
+        pkey = p.key
+        if puts and decode_component(pkey.rsplit("/", 1)[-1]) is None:
+            self._put_obj(f"{self.root}{pkey}/p", p.name.encode("utf-8", "surrogatepass"))
+        records: dict[int, Record] = {}
+        staged = [i for i, put in enumerate(puts) if put.staged]
+        for i, outcome in zip(staged, self._map(lambda i: self._append(pkey, puts[i]), staged)):
+            if isinstance(outcome, Conflict):
+                return WriteResult([], Conflict(i, outcome.name, outcome.existing))
+            records[i] = outcome
+        rest = [i for i in range(len(puts)) if not puts[i].staged]
+        if len(rest) + len(deletes) == 1:
+            single = self._single(pkey, puts[rest[0]]) if rest else self._delete_one(pkey, deletes[0])
+            if isinstance(single, Conflict):
+                return WriteResult([], Conflict(rest[0] if rest else len(puts), single.name, single.existing))
+            if rest:
+                records[rest[0]] = single
+        elif rest or deletes:
+            outcome = self._batch(pkey, [puts[i] for i in rest], deletes)
+            if isinstance(outcome, Conflict):
+                index = rest[outcome.index] if outcome.index < len(rest) else len(puts) + outcome.index - len(rest)
+                return WriteResult([], Conflict(index, outcome.name, outcome.existing))
+            records.update(zip(rest, outcome))
+        return WriteResult([records[i] for i in range(len(puts))])
+
+    def _append(self, pkey: str, put: Put) -> Record | Conflict:
+        """CREATE/APPEND with If-None-Match; a tombstone counts as absent."""
+        key = self._rkey(pkey, put.name)
+        while True:
+            seq = self._next_seq()
+            if self._put_obj(key, _record_body(put, seq), absent=True) is not None:
+                return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+            (cur,) = self._read(pkey, [put.name])
+            if cur is None:
+                continue  # deleted in between: try again
+            if cur.record is None:  # a tombstone: replace it, conditioned on its ETag
+                if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is not None:
+                    return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+                continue
+            if put.mode is Mode.APPEND and cur.record.digest == put.digest:
+                return cur.record
+            return Conflict(0, put.name, cur.record)
+
+    def _single(self, pkey: str, put: Put) -> Record | Conflict:
+        """A batch with one non-staged put: one conditional request (plus a read when needed)."""
+        if put.mode in (Mode.CREATE, Mode.APPEND):
+            return self._append(pkey, put)
+        key = self._rkey(pkey, put.name)
+        if put.mode is Mode.UPSERT:
+            seq = self._next_seq()
+            self._put_obj(key, _record_body(put, seq))
+            return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+        (cur,) = self._read(pkey, [put.name])
+        if cur is None or cur.record is None or cur.record.etag != put.if_match:
+            return Conflict(0, put.name, cur.record if cur else None)
+        seq = self._next_seq(cur.record.seq)
+        if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is None:
+            (now,) = self._read(pkey, [put.name])
+            return Conflict(0, put.name, now.record if now else None)
+        return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+
+    def _delete_one(self, pkey: str, delete: Delete) -> None | Conflict:
+        key = self._rkey(pkey, delete.name)
+        if delete.if_match is None:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            return None
+        (cur,) = self._read(pkey, [delete.name])
+        if cur is None or cur.record is None or cur.record.etag != delete.if_match:
+            return Conflict(0, delete.name, cur.record if cur else None)
+        if not self._delete_obj(key, cur.s3etag):
+            (now,) = self._read(pkey, [delete.name])
+            return Conflict(0, delete.name, now.record if now else None)
+        return None
+
+    def _batch(self, pkey: str, puts: list[Put], deletes: list[Delete]) -> list[Record] | Conflict:
+        """Several non-staged operations: pre-read, evaluate, commit a manifest, apply."""
+        names = [p.name for p in puts] + [d.name for d in deletes]
+        current = self._read(pkey, names)
+        existing = {n: o.record for n, o in zip(names, current) if o and o.record}
+        conflict, noops = evaluate(puts, deletes, existing)
+        if conflict is not None:
+            return conflict
+        tx = f"{time.time_ns():020d}-{uuid.uuid4().hex}"
+        ops: list[tuple[str, str | None, bytes, bool]] = []  # name, expected S3 ETag, body, is delete
+        records: list[Record] = []
+        floor = max((r.seq for r in existing.values()), default=0)
+        for i, (put, cur) in enumerate(zip(puts, current)):
+            if i in noops:
+                records.append(existing[put.name])
+                continue
+            seq = self._next_seq(floor)
+            ops.append((put.name, cur.s3etag if cur else None, _record_body(put, seq, tx), False))
+            records.append(Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq))
+        for d, cur in zip(deletes, current[len(puts) :]):
+            if cur is not None and cur.record is not None:
+                ops.append((d.name, cur.s3etag, _tombstone(tx), True))
+        if ops:
+            manifest = self._manifest(ops)
+            if self._put_obj(self._txkey(pkey, tx), manifest, absent=True) is None:
+                raise RuntimeError(f"batch id {tx} collided")  # uuid4: does not happen
+            self._apply(pkey, tx, ops)
+        return records
+
+    @staticmethod
+    def _manifest(ops: list[tuple[str, str | None, bytes, bool]]) -> bytes:
+        header = [{"n": n, "p": pre, "l": len(body), "d": dele} for n, pre, body, dele in ops]
+        h = json.dumps(header, separators=(",", ":")).encode()
+        return _TX_MAGIC + len(h).to_bytes(4, "big") + h + b"".join(op[2] for op in ops)
+
+    @staticmethod
+    def _ops(tx: str, data: bytes) -> list[tuple[str, str | None, bytes, bool]]:
+        if data[:4] != _TX_MAGIC:
+            raise CorruptItemError(f"tx/{tx}", "not a checkpointers batch manifest")
+        n = int.from_bytes(data[4:8], "big")
+        pos, ops = 8 + n, []
+        for op in json.loads(data[8 : 8 + n]):
+            ops.append((op["n"], op["p"], data[pos : pos + op["l"]], op["d"]))
+            pos += op["l"]
+        return ops
+
+    def _apply(self, pkey: str, tx: str, ops: list[tuple[str, str | None, bytes, bool]]) -> None:
+        """Apply a committed batch (idempotent), drop its manifest, then its tombstones."""
+
+        def one(op: tuple[str, str | None, bytes, bool]) -> tuple[str, str] | None:
+            name, pre, body, dele = op
+            etag = self._put_obj(self._rkey(pkey, name), body, absent=pre is None, match=pre)
+            # None: already applied by someone rolling forward, or superseded by a later write.
+            return (name, etag) if dele and etag else None
+
+        tombs = [t for t in self._map(one, ops) if t]
+        self.client.delete_object(Bucket=self.bucket, Key=self._txkey(pkey, tx))
+        self._mark_done(tx)
+        self._map(lambda t: self._drop_tombstone(pkey, *t), tombs)
+
+    def _drop_tombstone(self, pkey: str, name: str, s3etag: str) -> None:
+        try:
+            self._delete_obj(self._rkey(pkey, name), s3etag)
+        except ConditionalWritesUnsupportedError:
+            pass  # left in place: a tombstone reads as absent
+
+    def _complete(self, pkey: str, tx: str) -> bool:
+        """Roll ``tx`` forward if its manifest is still there; True if it was."""
+        got = self._get_obj(self._txkey(pkey, tx))
+        if got is None:
+            self._mark_done(tx)
+            return False
+        self._apply(pkey, tx, self._ops(tx, got[0]))
+        return True
+
+    def _recover(self, pkey: str) -> tuple[int, int]:
+        rolled = aborted = 0
+        now_ns = time.time_ns()
+        for key in self._keys(f"{self.root}{pkey}/tx/"):
+            tx = key.rsplit("/", 1)[-1]
+            got = self._get_obj(key)
+            if got is None:
+                continue
+            ops = self._ops(tx, got[0])
+            marked = any((o := self._fetch(pkey, op[0], False)) and o.tx == tx for op in ops)
+            if marked:
+                self._apply(pkey, tx, ops)
+                rolled += 1
+            elif now_ns - int(tx.split("-", 1)[0]) > self.lease * 1e9:
+                self._delete_obj(key, got[1])
+                aborted += 1
+        for key in self._keys(self._rprefix(pkey)):
+            got = self._get_obj(key)
+            if got is not None:
+                obj = _decode(key, got[0], got[1], False)
+                if obj.record is None:
+                    self._drop_tombstone(pkey, self._name_of(pkey, key), obj.s3etag)
+        return rolled, aborted
+
+    # -- listing ---------------------------------------------------------------
+
+    def _list_once(self, pkey: str, q: ListQuery) -> tuple[list[Record], list[_Obj]]:
+        """One listing attempt: the records, and every object read (for marker checks)."""
+        if q.limit == 0:
+            return [], []
+        prefix = self._rprefix(pkey) + _invert(q.prefix)
+        by_name = q.order == "name"
+        start_after = self._rkey(pkey, q.stop) if by_name and isinstance(q.stop, str) else None
+        lowest = q.start if by_name and isinstance(q.start, str) else None
+        streaming = by_name and q.descending and q.limit is not None
+        page_size = min(1000, q.limit + 2) if streaming and not q.tags and q.limit else 1000
+        objs: list[_Obj] = []
+        out: list[Record] = []
+        keys: list[str] = []
+        for page in self._pages(prefix, start_after, page_size):
+            batch = [k for k in page if lowest is None or self._name_of(pkey, k) >= lowest]
+            keys.extend(batch)
+            if streaming:
+                self._take(pkey, batch, q, objs, out)
+                if q.limit is not None and len(out) >= q.limit:
+                    break
+            if len(batch) < len(page):
+                break  # names below `start`: the rest of the listing is lower still
+        if not streaming:
+            if by_name and not q.descending:
+                keys.reverse()
+            self._take(pkey, keys, q, objs, out)
+            if not by_name:
+                out.sort(key=q.sort_key, reverse=q.descending)
+                out = out[: q.limit] if q.limit is not None else out
+        return (out[: q.limit] if q.limit is not None else out), objs
+
+    def _take(self, pkey: str, keys: list[str], q: ListQuery, objs: list[_Obj], out: list[Record]) -> None:
+        """GET ``keys`` in order, in parallel chunks, until ``q.limit`` records passed."""
+        ordered = q.order == "name"
+        pos = 0
+        while pos < len(keys) and not (ordered and q.limit is not None and len(out) >= q.limit):
+            size = len(keys) - pos if not ordered or q.limit is None else max(1, min(64, q.limit - len(out)))
+            chunk = keys[pos : pos + size]
+            pos += size
+            for key, obj in zip(chunk, self._map(lambda k: self._fetch(pkey, self._name_of(pkey, k), q.values), chunk)):
+                if obj is None:
+                    continue
+                objs.append(obj)
+                if obj.record is not None and q.matches(obj.record):
+                    out.append(obj.record)
+
+    # -- partitions ------------------------------------------------------------
+
+    def _partitions(self, user: str, space: str) -> list[str]:
+        base = self.root + Partition(user, space, "").user_key
+        found: list[str] = []
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base, "Delimiter": "/"}
+        while True:
+            resp = self.client.list_objects_v2(**args)
+            found += [cp["Prefix"][len(base) : -1] for cp in resp.get("CommonPrefixes", [])]
+            if not resp.get("IsTruncated"):
+                break
+            args["ContinuationToken"] = resp["NextContinuationToken"]
+
+        def name_if_live(encoded: str) -> str | None:
+            pkey = base[len(self.root) :] + encoded
+            live = False
+            for page in self._pages(self._rprefix(pkey), page_size=20):
+                if any((o := self._get_obj(k)) and _decode(k, o[0], o[1], False).record for k in page):
+                    live = True
+                    break
+            if not live:
+                return None
+            raw = decode_component(encoded)
+            if raw is None:
+                got = self._get_obj(f"{self.root}{pkey}/p")
+                raw = None if got is None else got[0].decode("utf-8", "surrogatepass")
+            return raw
+
+        return sorted(n for n in self._map(name_if_live, found) if n is not None)

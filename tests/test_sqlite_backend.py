@@ -51,6 +51,24 @@ def _aiosqlite_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
 
 
+def _in_threads(fn: Any, count: int) -> list[BaseException]:
+    """Run ``fn(i)`` for ``i`` in ``range(count)``, each in its own thread; return the errors."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            fn(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def _wait_until(predicate: Any, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -219,23 +237,14 @@ def test_reopening_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
 
 def test_threads_opening_a_fresh_file_at_once_migrate_it_once(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
-    errors: list[BaseException] = []
     start = threading.Barrier(6)
 
     def open_and_write(i: int) -> None:
-        try:
-            start.wait()
-            with SqliteBackend(path) as backend:
-                backend.write(P, [make_put(f"t{i}", b"x")])
-        except BaseException as exc:
-            errors.append(exc)
+        start.wait()
+        with SqliteBackend(path) as backend:
+            backend.write(P, [make_put(f"t{i}", b"x")])
 
-    threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert _in_threads(open_and_write, 6) == []
     assert _versions(path) == list(range(len(MIGRATIONS)))
     with SqliteBackend(path) as backend:
         assert len(backend.list(P, ListQuery())) == 6
@@ -434,7 +443,6 @@ def test_sync_and_async_see_each_other_across_event_loops(tmp_path: Path) -> Non
 
 def test_event_loops_in_several_threads_at_once(tmp_path: Path) -> None:
     backend = SqliteBackend(tmp_path / "x.db")
-    errors: list[BaseException] = []
 
     def in_own_loop(t: int) -> None:
         async def body() -> None:
@@ -443,16 +451,9 @@ def test_event_loops_in_several_threads_at_once(tmp_path: Path) -> None:
                 assert (await backend.awrite(P, [put])).conflict is None
                 backend.write(P, [make_put(f"s{t}/{n:02d}", b"v")])  # sync from a loop's thread too
 
-        try:
-            asyncio.run(body())
-        except BaseException as exc:
-            errors.append(exc)
+        asyncio.run(body())
 
-    threads = [threading.Thread(target=in_own_loop, args=(t,)) for t in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = _in_threads(in_own_loop, 3)
     try:
         assert errors == []
         records = backend.list(P, ListQuery(values=False))
@@ -556,21 +557,11 @@ def test_refused_batch_changes_nothing(sqlite_backend: SqliteBackend) -> None:
 
 
 def test_several_threads_share_one_backend(sqlite_backend: SqliteBackend) -> None:
-    errors: list[BaseException] = []
-
     def writer(t: int) -> None:
-        try:
-            for n in range(40):
-                sqlite_backend.write(P, [make_put(f"t{t}/{n:02d}", b"v", mode=Mode.CREATE)])
-        except BaseException as exc:
-            errors.append(exc)
+        for n in range(40):
+            sqlite_backend.write(P, [make_put(f"t{t}/{n:02d}", b"v", mode=Mode.CREATE)])
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert _in_threads(writer, 4) == []
     records = sqlite_backend.list(P, ListQuery(order="seq"))
     assert len(records) == 160 and len({r.seq for r in records}) == 160
 

@@ -107,7 +107,7 @@ from .base import (
     evaluate,
 )
 
-__all__ = ["MIGRATIONS", "SqliteBackend", "translate_errors"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SqliteBackend", "translate_errors"]
 
 T = TypeVar("T")
 
@@ -466,6 +466,13 @@ def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
     order = f"r.{query.order} {'DESC' if query.descending else 'ASC'}"
     source = "records AS r"
+    if query.order == "seq" and query.limit is not None:
+        # "the newest N under a prefix": walk the seq index and stop after N
+        # matches, instead of sorting every record under the prefix (SQLite
+        # has no statistics on how selective a prefix is, and usually picks
+        # the sort). A prefix matching few records among many costs a scan
+        # of the partition's seq index, never a read of values.
+        source = "records AS r INDEXED BY records_seq"
     where = ["r.pkey = ?"]
     params: list[Any] = []
     if query.tags:
@@ -551,7 +558,7 @@ class SqliteBackend(Backend):
         max_idle_connections: int = 4,
     ) -> None:
         self.path = os.fspath(path)
-        if self.path in ("", ":memory:") or self.path.startswith("file:"):
+        if self.path in ("", ":memory:"):
             raise ValueError(
                 f"SqliteBackend needs a file path, got {self.path!r}: in-memory databases "
                 f"cannot be shared between processes (use MemoryBackend for that)"

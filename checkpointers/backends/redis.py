@@ -651,8 +651,9 @@ class RedisBackend(Backend):
       ``retry_backoff * 2**n`` seconds (at most ``retry_backoff_max``) between
       attempts, then raise :class:`BackendUnavailableError`.
 
-    :attr:`round_trips` counts the pipelines and commands sent to the server,
-    for benchmarks. See the module docstring for the key layout.
+    :attr:`round_trips` counts the pipelines and commands sent to the server
+    (failed attempts included) and :attr:`retries` the retried attempts, for
+    benchmarks. See the module docstring for the key layout.
     """
 
     kind = "redis"
@@ -693,6 +694,8 @@ class RedisBackend(Backend):
         self.retry_backoff_max = retry_backoff_max
         #: Network round trips so far (a pipeline or script counts once).
         self.round_trips = 0
+        #: Attempts that failed with a transient error and were retried.
+        self.retries = 0
         self._ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
         self._url = url
         self._options = dict(client_options or {})
@@ -703,7 +706,6 @@ class RedisBackend(Backend):
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -780,7 +782,6 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         """Close the clients this backend created (idempotent)."""
-        self._closed = True
         if self._owns_client and self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(*DRIVER_ERRORS):
@@ -837,8 +838,9 @@ class RedisBackend(Backend):
 
     def _delay(self, exc: BaseException, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (0-based), or re-raise ``exc``."""
-        if self._closed or not is_transient(exc) or attempt >= self.retry_attempts:
+        if not is_transient(exc) or attempt >= self.retry_attempts:
             raise exc
+        self.retries += 1
         return min(self.retry_backoff * 2**attempt, self.retry_backoff_max) * (0.5 + random.random() / 2)
 
     def _execute(self, call: _Call) -> _Reply:

@@ -1,0 +1,444 @@
+"""Redis-specific checks; the shared bodies run on Redis through the ``backend`` fixture.
+
+Here: key isolation of glob-like user ids on the raw server, round-trip
+counts that do not grow with history, the Redis Cluster (one slot per
+partition), a SIGKILL + AOF restart under a write loop, ``ttl`` retention,
+the driver error mapping, and a differential check against the reference
+memory backend.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.exceptions as rex
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpointers._flows import make_put
+from checkpointers._names import Partition, encode_component
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put
+from checkpointers.backends.memory import MemoryBackend
+from checkpointers.backends.redis import (
+    DRIVER_ERRORS,
+    RedisBackend,
+    is_transient,
+    translate_errors,
+)
+from checkpointers.errors import BackendUnavailableError
+from tests.plugins.redis_plugin import RedisServer, free_port, have_binaries
+
+GLOB_USERS = ["alice", "alice2", "a*", "a?ice", "[a]lice"]
+
+
+def raw_client(backend: RedisBackend) -> redis.Redis:
+    return backend._sync_client()  # the backend's own connection pool
+
+
+def all_keys(backend: RedisBackend, pattern: str) -> set[str]:
+    return {k.decode() for k in raw_client(backend).scan_iter(match=pattern, count=1000)}
+
+
+def fill(backend: RedisBackend, p: Partition, n: int, batch: int = 200) -> None:
+    for start in range(0, n, batch):
+        puts = [
+            make_put(f"c/_{i:06d}", f"value {i}".encode(), tags={"kind": "even" if i % 2 == 0 else "odd"})
+            for i in range(start, min(n, start + batch))
+        ]
+        assert backend.write(p, puts).conflict is None
+
+
+# -- 1. isolation on the raw server ---------------------------------------
+
+
+def test_glob_like_users_never_share_keys(redis_backend: RedisBackend) -> None:
+    b = redis_backend
+    parts = {u: [Partition(u, "items", "s1"), Partition(u, "items", "s1/x")] for u in GLOB_USERS}
+    for user, ps in parts.items():
+        for p in ps:
+            b.write(p, [make_put("i/_k", user.encode(), tags={"owner": user})])
+    everything = all_keys(b, f"{b.prefix}:*")
+    for user, ps in parts.items():
+        enc = encode_component(user)
+        user_key = ps[0].user_key
+        own = set().union(*(set(b.keys_of(p)) & everything for p in ps)) | {
+            f"{b.prefix}:{{{user_key}}}:parts"
+        }
+        # every key of this user names the user's encoded component right after "{"
+        assert all(k.split("{", 1)[1].startswith(enc + "/") for k in own)
+        # a maintenance SCAN with this user's pattern sees exactly this user's keys
+        assert all_keys(b, f"{b.prefix}:{{{user_key}*") == own
+        for p in ps:
+            assert all_keys(b, b.match_pattern(p)) == set(b.keys_of(p)) & everything
+            (rec,) = b.get(p, ["i/_k"])
+            assert rec is not None and rec.value == user.encode()
+        assert b.partitions(user, "items") == ["s1", "s1/x"]
+    # nothing left over: the users' keys partition the whole key space
+    union = set().union(*(all_keys(b, f"{b.prefix}:{{{ps[0].user_key}*") for ps in parts.values()))
+    assert union == everything
+
+
+# -- 2. round trips ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("history", [10, 2000])
+def test_round_trips_do_not_grow_with_history(redis_backend: RedisBackend, history: int) -> None:
+    b = redis_backend
+    p = Partition("rt", "langgraph", f"thread-{history}")
+    fill(b, p, history)
+    b.list(p, ListQuery(limit=1))  # the first use of a script loads it (NOSCRIPT -> EVAL)
+    newest = f"c/_{history - 1:06d}"
+
+    def trips(call):  # noqa: ANN001, ANN202
+        before = b.round_trips
+        result = call()
+        return b.round_trips - before, result
+
+    n, result = trips(lambda: b.write(p, [make_put("c/_new", b"n"), make_put("w/_new/0", b"w")]))
+    assert (n, result.conflict) == (1, None)
+    n, got = trips(lambda: b.get(p, ["c/_new", newest, "c/_absent"]))
+    assert n == 1 and got[0].value == b"n" and got[2] is None
+    # latest, three ways: seq order in a prefix, seq order overall, name order
+    n, latest = trips(lambda: b.list(p, ListQuery(prefix="c/", order="seq", descending=True, limit=1)))
+    assert n == 1 and [r.name for r in latest] == ["c/_new"]
+    n, latest = trips(lambda: b.list(p, ListQuery(order="seq", descending=True, limit=1)))
+    assert n == 1 and [r.name for r in latest] == ["w/_new/0"]
+    n, latest = trips(lambda: b.list(p, ListQuery(prefix="c/_0", descending=True, limit=1)))
+    assert n == 1 and [r.name for r in latest] == [newest]
+    n, tagged = trips(lambda: b.list(p, ListQuery(tags={"kind": "odd"}, order="seq", descending=True, limit=2)))
+    odd = [i for i in range(history) if i % 2][-2:][::-1]
+    assert n == 1 and [r.name for r in tagged] == [f"c/_{i:06d}" for i in odd]
+
+
+def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend) -> None:
+    b = redis_backend
+    p = Partition("rt", "items", "s")
+    b.write(p, [make_put("a", b"1")])
+    raw_client(b).script_flush()
+    before = b.round_trips
+    assert b.write(p, [make_put("b", b"2")]).conflict is None
+    assert b.round_trips - before == 2  # EVALSHA -> NOSCRIPT, then EVAL
+    before = b.round_trips
+    b.write(p, [make_put("c", b"3")])
+    assert b.round_trips - before == 1  # cached again
+
+
+# -- list strategies against the reference ------------------------------------
+
+
+def test_prefix_and_tag_queries_take_every_path(redis_backend: RedisBackend) -> None:
+    """Few names under a prefix (sorted in the script) and many (index walk)."""
+    b, mem = redis_backend, MemoryBackend()
+    p = Partition("paths", "items", "s")
+    puts = []
+    for i in range(600):
+        group = "x/ab" if i % 3 else "x/ac"
+        puts.append(make_put(f"{group}{i:04d}" if i < 590 else f"x/ad{i}", b"v", tags={"m": str(i % 5), "a": str(i % 2)}))
+    for chunk in range(0, len(puts), 100):
+        assert b.write(p, puts[chunk : chunk + 100]).conflict is None
+        mem.write(p, puts[chunk : chunk + 100])
+    for prefix in ["x/ab", "x/ad", "x/", "", "x/a", "y"]:
+        for limit in [None, 1, 7]:
+            for desc, order in [(False, "seq"), (True, "seq"), (True, "name")]:
+                for tags in [{}, {"m": "3"}, {"m": "3", "a": "1"}, {"a": "0", "m": "4"}, {"a": "0", "m": "zz"}]:
+                    q = ListQuery(prefix=prefix, order=order, descending=desc, limit=limit, tags=tags)
+                    assert [r.name for r in b.list(p, q)] == [r.name for r in mem.list(p, q)], q
+
+
+# -- 3. cluster ------------------------------------------------------------
+
+
+def test_cluster_batches_and_drop_stay_in_one_slot(redis_cluster_backend: RedisBackend) -> None:
+    b = redis_cluster_backend
+    client = b._sync_client()
+    slots = set()
+    for i in range(6):
+        p = Partition(f"user{i}", "langgraph", f"thread/{i}")
+        puts = [make_put(f"b/_{j}", bytes([j]) * 10, tags={"j": str(j)}) for j in range(5)]
+        puts.append(make_put("c/_1", b"checkpoint", mode=Mode.CREATE))
+        result = b.write(p, puts)
+        assert result.conflict is None and len(result.records) == 6
+        assert b.write(p, [make_put("c/_1", b"again", mode=Mode.CREATE)]).conflict is not None
+        assert b.write(p, [make_put("c/_2", b"x")], [Delete("b/_0"), Delete("b/_1")]).conflict is None
+        listed = b.list(p, ListQuery(prefix="b/", tags={"j": "3"}))
+        assert [r.name for r in listed] == ["b/_3"]
+        keyslots = {client.keyslot(k) for k in b.keys_of(p)}
+        assert len(keyslots) == 1
+        slots |= keyslots
+        assert b.partitions(f"user{i}", "langgraph") == [f"thread/{i}"]
+        assert b.drop(p) == 5
+        assert b.get(p, ["b/_3", "c/_1"]) == [None, None]
+        assert b.partitions(f"user{i}", "langgraph") == []
+        assert not any(client.exists(k) for k in b.keys_of(p))
+    assert len(slots) > 1  # the partitions really are spread over the cluster
+
+
+async def test_cluster_async(redis_cluster_backend: RedisBackend) -> None:
+    b = redis_cluster_backend
+    p = Partition("async", "items", "s")
+    try:
+        result = await b.awrite(p, [make_put("a", b"1"), make_put("b", b"2", tags={"t": "v"})])
+        assert result.conflict is None
+        assert [r.name for r in await b.alist(p, ListQuery(order="seq", descending=True))] == ["b", "a"]
+        assert await b.apartitions("async", "items") == ["s"]
+        assert await b.adrop(p) == 2
+    finally:
+        await b.aclose()
+
+
+# -- 4. SIGKILL and restart with the append-only file --------------------------
+
+
+@pytest.fixture
+def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if not have_binaries():
+        pytest.skip("the fault test starts its own redis-server: binary not found")
+    server = RedisServer(
+        tmp_path / "aof", free_port(), ["--appendonly", "yes", "--appendfsync", "always"]
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_sigkill_and_restart_loses_no_acknowledged_write(aof_server: RedisServer) -> None:
+    backend = RedisBackend.from_url(
+        aof_server.url, prefix="fault", retry_attempts=8, retry_backoff=0.05, retry_backoff_max=0.5
+    )
+    p = Partition("fault", "items", "s")
+    acknowledged: dict[str, str] = {}
+    failures: list[BackendUnavailableError] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            put = make_put(f"i/_{i:06d}", f"v{i}".encode(), mode=Mode.CREATE if i % 2 else Mode.APPEND)
+            try:
+                result = backend.write(p, [put])
+            except BackendUnavailableError as exc:
+                failures.append(exc)
+            else:
+                assert result.conflict is None, result.conflict
+                assert result.records[0].etag == put.etag or put.mode is Mode.APPEND
+                acknowledged[put.name] = result.records[0].digest
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while len(acknowledged) < 50:
+            time.sleep(0.01)
+        aof_server.kill()
+        time.sleep(0.3)
+        before_restart = len(acknowledged)
+        aof_server.start()
+        deadline = time.monotonic() + 10
+        while len(acknowledged) < before_restart + 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert len(acknowledged) >= before_restart + 50, "writes did not resume after the restart"
+    print(f"acknowledged={len(acknowledged)} retries={backend.retries} failures={len(failures)}")
+    assert backend.retries >= 1 or failures  # the kill was noticed
+    for exc in failures:
+        assert isinstance(exc.__cause__, DRIVER_ERRORS)
+    names = sorted(acknowledged)
+    stored = backend.get(p, names)
+    assert [r.digest if r else None for r in stored] == [acknowledged[n] for n in names]
+    backend.close()
+
+
+# -- 5. ttl ---------------------------------------------------------------------
+
+
+def test_ttl_expires_a_partition_together_and_writes_refresh_it(redis_url: str) -> None:
+    b = RedisBackend.from_url(redis_url, prefix=f"ttl{uuid.uuid4().hex[:8]}", ttl=1)
+    client = raw_client(b)
+    p = Partition("ttl", "items", "s")
+    other = Partition("ttl", "items", "kept")
+    try:
+        b.write(p, [make_put("a", b"1", tags={"t": "x"}), make_put("q/b", b"2")])
+        b.write(other, [make_put("a", b"1")])
+        time.sleep(0.6)
+        b.write(p, [make_put("c", b"3")])  # refreshes every key of p, not other's
+        ttls = [client.pttl(k) for k in b.keys_of(p)]
+        assert all(600 < t <= 1000 for t in ttls), ttls
+        deadlines = {client.execute_command("PEXPIRETIME", k) for k in b.keys_of(p)}
+        assert len(deadlines) == 1  # one deadline for all of them, set in one script
+        time.sleep(0.6)  # past the first deadline, before the refreshed one
+        assert b.get(p, ["a"])[0] is not None
+        assert b.get(other, ["a"]) == [None]
+        assert b.partitions("ttl", "items") == ["s"]
+        time.sleep(0.6)
+        assert b.get(p, ["a", "q/b", "c"]) == [None, None, None]
+        assert b.list(p, ListQuery()) == []
+        assert not any(client.exists(k) for k in b.keys_of(p))
+        assert b.partitions("ttl", "items") == []
+    finally:
+        b.close()
+
+
+# -- 6. error translation and retries ----------------------------------------------
+
+
+def driver_exception_classes() -> list[type[BaseException]]:
+    return [
+        cls
+        for _, cls in inspect.getmembers(rex, inspect.isclass)
+        if issubclass(cls, Exception) and cls.__module__ == rex.__name__
+    ]
+
+
+@pytest.mark.parametrize("cls", driver_exception_classes(), ids=lambda c: c.__name__)
+def test_every_redis_exception_is_translated(cls: type[BaseException]) -> None:
+    try:
+        original = cls("boom")
+    except ValueError:  # MOVED/ASK parse "<slot> <host:port>"
+        original = cls("3999 127.0.0.1:6381")
+    with pytest.raises(BackendUnavailableError) as info:
+        with translate_errors("test"):
+            raise original
+    assert info.value.__cause__ is original
+    assert cls.__name__ in str(info.value)
+
+
+def test_transient_errors_are_the_retryable_ones() -> None:
+    assert is_transient(rex.ConnectionError("x")) and is_transient(rex.BusyLoadingError("x"))
+    assert is_transient(rex.TimeoutError("x")) and is_transient(rex.TryAgainError("x"))
+    assert is_transient(rex.ClusterDownError("x")) and is_transient(rex.ReadOnlyError("x"))
+    assert not is_transient(rex.AuthenticationError("x"))
+    assert not is_transient(rex.ResponseError("x")) and not is_transient(rex.DataError("x"))
+
+
+def test_unreachable_server_is_retried_then_unavailable() -> None:
+    b = RedisBackend.from_url(f"redis://127.0.0.1:{free_port()}/0", retry_attempts=3, retry_backoff=0.01)
+    with pytest.raises(BackendUnavailableError) as info:
+        b.get(Partition("u", "items", "s"), ["a"])
+    assert isinstance(info.value.__cause__, rex.ConnectionError)
+    assert (b.round_trips, b.retries) == (4, 3)
+    b.close()
+
+
+def run_as_retried(b: RedisBackend, op):  # noqa: ANN001, ANN201
+    """Drive an operation as if its first round trip had been a retry."""
+    reply = b._execute(next(op))
+    call = op.send(type(reply)(reply.values, retried=True))
+    try:
+        while True:
+            call = op.send(b._execute(call))
+    except StopIteration as done:
+        return done.value
+
+
+def test_retried_create_that_had_applied_reports_success(redis_backend: RedisBackend) -> None:
+    """A CREATE whose first attempt applied but whose reply was lost is not a conflict."""
+    b = redis_backend
+    p = Partition("u", "items", "s")
+    put = make_put("i/_x", b"v", mode=Mode.CREATE)
+    b.write(p, [put])  # the first attempt, whose reply was "lost"
+    result = run_as_retried(b, b._write_op(p, [put], []))
+    assert result.conflict is None and result.records[0].etag == put.etag
+    # without a retry the same call is a genuine conflict, and so is another
+    # writer's CREATE after a retry (its etag is not the stored one)
+    assert b.write(p, [put]).conflict is not None
+    other = make_put("i/_x", b"v", mode=Mode.CREATE)
+    assert run_as_retried(b, b._write_op(p, [other], [])).conflict is not None
+    stale = make_put("i/_x", b"w", mode=Mode.IF_MATCH, if_match="old")
+    assert run_as_retried(b, b._write_op(p, [stale], [])).conflict is not None
+
+
+def test_from_url_reads_valkey_scheme_and_query_options(redis_url: str) -> None:
+    url = redis_url.replace("redis://", "valkey://") + "?prefix=vk" + uuid.uuid4().hex[:6] + "&ttl=30"
+    b = RedisBackend.from_url(url)
+    try:
+        assert b.prefix.startswith("vk") and b.ttl == 30.0 and not b.cluster
+        p = Partition("v", "items", "s")
+        assert b.write(p, [make_put("a", b"1")]).conflict is None
+        assert 0 < raw_client(b).pttl(b.keys_of(p)[0]) <= 30_000
+        b.drop(p)
+    finally:
+        b.close()
+    with pytest.raises(ValueError, match="prefix"):
+        RedisBackend.from_url(redis_url, prefix="a*")
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisBackend(redis.Redis(decode_responses=True))
+
+
+# -- differential check against the reference backend ------------------------------
+
+NAMES = ["a", "a/b", "a/b/c", "a/bc", "b", "c/_1", "c/_2", "c/_10", "i/_x%2Fy", "z"]
+TAGS = st.dictionaries(st.sampled_from(["k", "k=", "k v", "{k}", ""]), st.sampled_from(["", "1", "a b", "}"]), max_size=2)
+BATCH = st.tuples(
+    st.lists(
+        st.tuples(st.sampled_from(NAMES), st.sampled_from(list(Mode)), st.sampled_from([b"1", b"2"]), TAGS, st.booleans()),
+        max_size=4,
+        unique_by=lambda t: t[0],
+    ),
+    st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), max_size=2, unique_by=lambda t: t[0]),
+)
+QUERY = st.builds(
+    dict,
+    prefix=st.sampled_from(["", "a", "a/", "a/b", "c/", "c/_1", "i/", "q"]),
+    order=st.sampled_from(["name", "seq"]),
+    descending=st.booleans(),
+    limit=st.sampled_from([None, 0, 1, 2, 5]),
+    tags=TAGS,
+    values=st.booleans(),
+    bound=st.sampled_from([None, "start", "stop"]),
+    at=st.integers(0, 9),
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(batches=st.lists(BATCH, min_size=1, max_size=8), queries=st.lists(QUERY, min_size=1, max_size=12))
+def test_same_results_as_the_memory_backend(redis_backend: RedisBackend, batches, queries) -> None:  # noqa: ANN001
+    b, mem = redis_backend, MemoryBackend()
+    p = Partition("diff", "items", uuid.uuid4().hex)
+    for puts_spec, dels_spec in batches:
+        names_in_puts = {n for n, *_ in puts_spec}
+        current = {r.name: r for r in mem.list(p, ListQuery())}
+        puts: list[Put] = []
+        for name, mode, value, tags, good_etag in puts_spec:
+            etag = current[name].etag if good_etag and name in current else "stale"
+            puts.append(make_put(name, value, tags=tags, mode=mode, if_match=etag if mode is Mode.IF_MATCH else None))
+        deletes = [
+            Delete(n, (current[n].etag if n in current else "stale") if checked else None)
+            for n, checked in dels_spec
+            if n not in names_in_puts
+        ]
+        got, want = b.write(p, puts, deletes), mem.write(p, puts, deletes)
+        assert (got.conflict is None) == (want.conflict is None)
+        if want.conflict:
+            assert (got.conflict.index, got.conflict.name) == (want.conflict.index, want.conflict.name)
+            assert (got.conflict.existing and got.conflict.existing.etag) == (
+                want.conflict.existing and want.conflict.existing.etag
+            )
+        else:
+            assert [(r.name, r.etag, r.value, dict(r.tags)) for r in got.records] == [
+                (r.name, r.etag, r.value, dict(r.tags)) for r in want.records
+            ]
+    everything = {"redis": b.list(p, ListQuery(order="seq")), "memory": mem.list(p, ListQuery(order="seq"))}
+    assert [r.name for r in everything["redis"]] == [r.name for r in everything["memory"]]
+    assert b.partitions("diff", "items") == ([p.name] if everything["memory"] else [])
+    for spec in queries:
+        bound, at = spec.pop("bound"), spec.pop("at")
+        results = {}
+        for label, backend in (("redis", b), ("memory", mem)):
+            q = ListQuery(**spec)
+            if bound and everything[label]:
+                pivot = everything[label][at % len(everything[label])]
+                value = pivot.name if q.order == "name" else pivot.seq
+                q = ListQuery(**spec, **{bound: value})
+            results[label] = [(r.name, r.etag, r.value, dict(r.tags)) for r in backend.list(p, q)]
+        assert results["redis"] == results["memory"], spec
+    assert b.drop(p) == len(everything["memory"])

@@ -1,9 +1,20 @@
-"""``python -m checkpointers.conformance TARGET``: run the suite, print a report.
+"""``python -m checkpointers.conformance TARGET [--deep] [-v]``: run the suite, print a report.
 
-TARGET is a store URL (``memory://``, ``sqlite:///tmp/x.db``,
-``redis://127.0.0.1:6379/0``, ``s3://bucket/prefix?endpoint_url=...``) or
-``module:factory`` naming a zero-argument callable that returns a fresh
-:class:`~checkpointers.backends.Backend`. Exits 1 if any check fails.
+TARGET is one of:
+
+* a store URL: ``memory://``, ``sqlite:///tmp/x.db``, ``redis://127.0.0.1:6379/0``,
+  ``s3://bucket/prefix?endpoint_url=...``;
+* ``module:factory`` where ``factory()`` (no arguments) returns a fresh
+  :class:`~checkpointers.backends.Backend` (a Backend class works too);
+* ``module:factory`` where ``factory(user)`` returns a LangGraph
+  ``BaseCheckpointSaver`` or an Agent Framework ``CheckpointStorage`` that is
+  the same store seen as ``user``.
+
+Prints one line per capability group (contract, isolation, backend,
+langgraph, agent_framework): PASS, FAIL with each failing case, or N/A with
+the reason. Exits 1 if any check fails, 2 if the target cannot be used.
+Run it against a scratch store: the checks write (under fresh random user ids
+and spaces) and clean up only what they can.
 """
 
 from __future__ import annotations
@@ -11,36 +22,78 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import sys
-from collections.abc import Callable
+from typing import Any
 
 from ..backends import Backend, open_backend
-from . import run_checks
 
 
-def _factory(target: str) -> Callable[[], Backend]:
+def resolve_target(target: str) -> dict[str, Any]:
+    """The ``run_suite`` keyword arguments for a CLI TARGET (URL or module:factory)."""
     if "://" in target:
-        return lambda: open_backend(target)
+        open_backend(target).close()  # fail early on a bad URL or a missing driver
+        return {"backend_factory": lambda: open_backend(target)}
     module, _, attr = target.partition(":")
     if not attr:
-        raise SystemExit(f"target {target!r} is neither a store URL nor module:factory")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+        raise ValueError(f"target {target!r} is neither a store URL nor module:factory")
+    factory = getattr(importlib.import_module(module), attr)
+    if isinstance(factory, type) and issubclass(factory, Backend):
+        return {"backend_factory": factory}
+    if not callable(factory):
+        raise ValueError(f"{target!r} is not callable")
+    required = [
+        p for p in inspect.signature(factory).parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not required:
+        probe = factory()
+        if not isinstance(probe, Backend):
+            raise ValueError(f"{target}() returned {type(probe).__name__}, not a Backend")
+        probe.close()
+        return {"backend_factory": factory}
+    probe = factory("conformance-probe")
+    try:
+        from langgraph.checkpoint.base import BaseCheckpointSaver
+
+        if isinstance(probe, BaseCheckpointSaver):
+            return {"saver_for": factory}
+    except ImportError:
+        pass
+    if all(hasattr(probe, m) for m in ("save", "load", "get_latest", "list_checkpoint_ids")):
+        return {"storage_for": factory}
+    raise ValueError(
+        f"{target}(user) returned {type(probe).__name__}: expected a LangGraph BaseCheckpointSaver "
+        f"or an agent_framework CheckpointStorage"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m checkpointers.conformance", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m checkpointers.conformance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("target", help="store URL or module:factory")
+    parser.add_argument("--deep", action="store_true", help="many random hypothesis examples")
+    parser.add_argument("-v", "--verbose", action="store_true", help="list every check, not only failures")
     args = parser.parse_args(argv)
-    results = asyncio.run(run_checks(_factory(args.target)))
-    width = max(len(r.name) for r in results)
-    for r in results:
-        status = "PASS" if r.passed else "FAIL"
-        print(f"{status}  {r.name:<{width}}  [{r.mode}]")
-        if not r.passed:
-            print("      " + r.detail.replace("\n", "\n      "))
-    failed = sum(not r.passed for r in results)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    try:
+        from . import run_suite
+        from .properties import use_depth
+
+        targets = resolve_target(args.target)
+    except ImportError as exc:
+        print(f"cannot run the suite: {exc} (pip install 'checkpointers[test]')", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"cannot use target {args.target!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    use_depth(args.deep)
+    report = asyncio.run(run_suite(target=args.target, **targets))
+    depth = "deep: random seeds, many examples" if args.deep else "ci: fixed seed, few examples"
+    print(report.format(verbose=args.verbose).replace("\n", f"  ({depth})\n", 1))
+    return 0 if report.passed_all() else 1
 
 
 if __name__ == "__main__":

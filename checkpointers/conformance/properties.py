@@ -23,13 +23,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from .._flows import DropOp, Flow, GetOp, ListOp, PartitionsOp, WriteOp, arun, make_put, run
 from .._names import Partition, encode_component
 from ..backends.base import Backend, Delete, ListQuery
-from .contract import Api
+from .contract import Api, only_modes
 from .strategies import (
     any_text,
     backend_names,
@@ -50,15 +50,20 @@ __all__ = [
     "use_depth",
 ]
 
-_DEPTH = {"deep": False}
+_DEPTH = {"deep": False, "shrink": True}
 #: Examples per property per target: (fixed-seed CI run, --deep run).
 IO_EXAMPLES = (8, 300)
-PURE_EXAMPLES = (100, 10_000)
+PURE_EXAMPLES = (50, 5_000)
 
 
-def use_depth(deep: bool) -> None:
-    """Make every property of this process run the CI (False) or deep (True) amount."""
+def use_depth(deep: bool, *, shrink: bool = True) -> None:
+    """Make every property of this process run the CI (False) or deep (True) amount.
+
+    ``shrink=False`` reports the first failing example as found, without
+    minimizing it (faster when a failure is expected, as in our own tests).
+    """
     _DEPTH["deep"] = deep
+    _DEPTH["shrink"] = shrink
 
 
 def property_settings(*, pure: bool = False, deep: bool | None = None) -> settings:
@@ -68,7 +73,9 @@ def property_settings(*, pure: bool = False, deep: bool | None = None) -> settin
     """
     deep = _DEPTH["deep"] if deep is None else deep
     counts = PURE_EXAMPLES if pure else IO_EXAMPLES
+    phases = list(Phase) if _DEPTH["shrink"] else [p for p in Phase if p is not Phase.shrink]
     return settings(
+        phases=phases,
         max_examples=counts[1] if deep else counts[0],
         derandomize=not deep,
         deadline=None,
@@ -122,18 +129,16 @@ async def check_prop_encoding() -> None:
         for raw, enc in ((a[0], ea), (a[1], eb)):
             assert enc and set(enc) <= _SAFE, f"encode_component({raw!r}) = {enc!r} has unsafe chars"
         assert ea != eb, f"encode_component collides: {a[0]!r} and {a[1]!r} -> {ea!r}"
-        keys = {
-            (u, s, n): Partition(u, s, n).key
-            for u in a for s in spaces for n in names
-        }
-        assert len(set(keys.values())) == len(keys), f"Partition.key collides among {keys}"
-        for t1, k1 in keys.items():
-            for t2, k2 in keys.items():
-                if t1 != t2:
-                    assert not k2.startswith(k1 + "/"), f"key of {t1} prefixes key of {t2}"
-                    p1, p2 = Partition(*t1), Partition(*t2)
-                    if (t1[0], t1[1]) != (t2[0], t2[1]):
-                        assert not p2.key.startswith(p1.user_key), f"user_key of {t1} prefixes {t2}"
+        parts = [Partition(u, s, n) for u in a for s in spaces for n in names]
+        keys = {(p.user, p.space, p.name): (p.key, p.user_key) for p in parts}
+        assert len({k for k, _ in keys.values()}) == len(keys), f"Partition.key collides among {keys}"
+        for t1, (k1, uk1) in keys.items():
+            for t2, (k2, _) in keys.items():
+                if t1 == t2:
+                    continue
+                assert not k2.startswith(k1 + "/"), f"key of {t1} prefixes key of {t2}"
+                if t1[:2] != t2[:2]:
+                    assert not k2.startswith(uk1), f"user_key of {t1} prefixes key of {t2}"
 
     await run_property(
         body,
@@ -211,6 +216,7 @@ async def check_prop_backend_isolation(backend: Backend) -> None:
 # -- (b) the Store -----------------------------------------------------------
 
 
+@only_modes("async")  # each example draws sync or async itself
 async def check_prop_store_isolation(api: Api) -> None:
     """Two hostile users with the same scope and keys never see or change each other's."""
 

@@ -35,7 +35,8 @@ from .isolation import BACKEND_ISOLATION_CHECKS, ISOLATION_CHECKS
 __all__ = ["GROUPS", "CheckResult", "Report", "run_checks", "run_suite"]
 
 GROUPS = ("contract", "isolation", "backend", "langgraph", "agent_framework")
-StoreFactory = Callable[[Backend, int], Store]
+#: ``store_factory(backend, max_item_bytes=n)`` -> the Store the item checks use.
+StoreFactory = Callable[..., Store]
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,6 @@ class Report:
         return "\n".join(lines)
 
 
-def _default_store(backend: Backend, max_item_bytes: int) -> Store:
-    return Store(backend, max_item_bytes=max_item_bytes)
-
-
 def _shorten(detail: str) -> str:
     """Squeeze long runs of one character (1,000-char ids) so a report stays readable."""
     return re.sub(r"(.)\1{15,}", lambda m: f"{m.group(1) * 3}...(x{len(m.group(0))})", detail)
@@ -107,7 +104,11 @@ async def _one(
             note = await (check() if value is None else check(value))
         return CheckResult(check.__name__, mode, True, note or "", group)
     except AssertionError as exc:
-        detail = str(exc) or traceback.format_exc()
+        if str(exc):
+            detail = str(exc)
+        else:  # a bare assert: name the line that failed
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            detail = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}: {frame.line}"
         return CheckResult(check.__name__, mode, False, _shorten(detail), group)
     except Exception as exc:  # a crash is a failure too, reported with its type
         return CheckResult(check.__name__, mode, False, _shorten(f"{type(exc).__name__}: {exc}"), group)
@@ -136,7 +137,7 @@ def _store_arg(
     @asynccontextmanager
     async def arg() -> AsyncIterator[Api]:
         async with _backend_arg(factory)() as backend:
-            store = store_factory(backend, max_item_bytes).for_user(f"u-{uuid.uuid4().hex}")
+            store = store_factory(backend, max_item_bytes=max_item_bytes).for_user(f"u-{uuid.uuid4().hex}")
             yield Api(store, sync=sync)
 
     return arg
@@ -178,7 +179,7 @@ async def run_suite(
     backend_factory: Callable[[], Backend] | None = None,
     saver_for: Callable[[str], Any] | None = None,
     storage_for: Callable[[str], Any] | None = None,
-    store_factory: StoreFactory = _default_store,
+    store_factory: StoreFactory = Store,
     max_item_bytes: int = 4096,
     target: str = "",
     groups: tuple[str, ...] = GROUPS,
@@ -190,7 +191,7 @@ async def run_suite(
     LangGraph saver over one shared store) and/or ``storage_for`` (user ->
     Agent Framework ``CheckpointStorage``). With only a backend, the LangGraph
     and Agent Framework groups run through our own saver and storage when
-    they are importable. ``store_factory(backend, max_item_bytes)`` builds the
+    they are importable. ``store_factory(backend, max_item_bytes=n)`` builds the
     Store the item checks use (to vet a Store subclass or wrapper).
     ``max_item_bytes`` keeps the cap checks small; the logic is the same at 1 MiB.
     """
@@ -247,7 +248,7 @@ async def run_checks(
     backend_factory: Callable[[], Backend],
     *,
     max_item_bytes: int = 4096,
-    store_factory: StoreFactory = _default_store,
+    store_factory: StoreFactory = Store,
 ) -> list[CheckResult]:
     """Run every applicable check against fresh backends; one result per check and mode.
 

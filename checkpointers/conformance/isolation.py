@@ -61,7 +61,8 @@ async def check_users_never_meet_through_items(api: Api) -> None:
 
 async def check_other_user_cannot_change(api: Api) -> None:
     """B's get/list/delete/if_match writes never reach A's items."""
-    a, b = api.for_user("alice"), api.for_user("alice2")
+    run = uuid.uuid4().hex[:8]
+    a, b = api.for_user(run + "alice"), api.for_user(run + "alice2")
     item = await a.set("s", "k", "mine")
     await a.step("s", "1", "done")
     before = await a.snapshot("s")

@@ -65,6 +65,13 @@ __all__ = [
 ]
 
 _STRATEGIES = ("keep_latest", "delete")
+_SAVER_OPTIONS = ("user", "require_user", "serde", "max_item_bytes")
+
+
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split keyword options into the saver's own and the backend's."""
+    saver = {k: v for k, v in options.items() if k in _SAVER_OPTIONS}
+    return saver, {k: v for k, v in options.items() if k not in _SAVER_OPTIONS}
 
 
 def default_serde() -> SerializerProtocol:
@@ -107,24 +114,14 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         self._init_flows()
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        user: str | None = None,
-        require_user: bool = False,
-        serde: SerializerProtocol | None = None,
-        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
-        **backend_options: Any,
-    ) -> Checkpointer:
-        """Open the backend ``url`` names (``memory://``, ``sqlite:///x.db``, ``redis://``, ``s3://``)."""
-        return Checkpointer(
-            open_backend(url, **backend_options),
-            user=user,
-            require_user=require_user,
-            serde=serde,
-            max_item_bytes=max_item_bytes,
-        )
+    def from_url(cls, url: str, **options: Any) -> Checkpointer:
+        """Open the backend ``url`` names (``memory://``, ``sqlite:///x.db``, ``redis://``, ``s3://``).
+
+        The saver's own keywords (``user``, ``require_user``, ``serde``,
+        ``max_item_bytes``) go to the saver, the others to the backend.
+        """
+        saver, backend = _split(options)
+        return Checkpointer(open_backend(url, **backend), **saver)
 
     def for_user(self, user: str) -> Checkpointer:
         """A view bound to ``user`` that shares this saver's backend and connections."""
@@ -437,30 +434,20 @@ class SqliteCheckpointer(Checkpointer):
 class RedisCheckpointer(Checkpointer):
     """A checkpointer over Redis or Valkey 7+ (no modules needed).
 
-    Pass a URL (``redis://host:6379/0``), or a ready ``client=``; other
-    keyword arguments go to the backend.
+    Pass a URL (``redis://host:6379/0``), or a ready ``client=``. Keywords
+    ``user``, ``require_user``, ``serde`` and ``max_item_bytes`` go to the
+    saver, the others to :class:`~checkpointers.backends.redis.RedisBackend`.
     """
 
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379/0",
-        *,
-        client: Any = None,
-        user: str | None = None,
-        require_user: bool = False,
-        serde: SerializerProtocol | None = None,
-        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
-        **backend_options: Any,
-    ) -> None:
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, client: Any = None, **options: Any) -> None:
         from .backends.redis import RedisBackend
 
+        saver, backend_options = _split(options)
         if client is not None:
             backend = RedisBackend(client, **backend_options)
         else:
             backend = RedisBackend.from_url(url, **backend_options)
-        super().__init__(
-            backend, user=user, require_user=require_user, serde=serde, max_item_bytes=max_item_bytes
-        )
+        super().__init__(backend, **saver)
 
     @classmethod
     def from_conn_string(cls, url: str, **options: Any) -> _Opening:
@@ -471,29 +458,15 @@ class RedisCheckpointer(Checkpointer):
 class S3Checkpointer(Checkpointer):
     """A checkpointer over an S3 bucket (or any S3-compatible ``endpoint_url=``).
 
-    Keyword arguments other than the saver's go to the backend (boto3 options).
+    Keywords ``user``, ``require_user``, ``serde`` and ``max_item_bytes`` go to
+    the saver, the others to :class:`~checkpointers.backends.s3.S3Backend`.
     """
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        *,
-        user: str | None = None,
-        require_user: bool = False,
-        serde: SerializerProtocol | None = None,
-        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
-        **backend_options: Any,
-    ) -> None:
+    def __init__(self, bucket: str, prefix: str = "", **options: Any) -> None:
         from .backends.s3 import S3Backend
 
-        super().__init__(
-            S3Backend(bucket, prefix, **backend_options),
-            user=user,
-            require_user=require_user,
-            serde=serde,
-            max_item_bytes=max_item_bytes,
-        )
+        saver, backend_options = _split(options)
+        super().__init__(S3Backend(bucket, prefix, **backend_options), **saver)
 
 
 class _Opening(AbstractContextManager, AbstractAsyncContextManager):  # type: ignore[type-arg]

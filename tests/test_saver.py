@@ -21,7 +21,13 @@ from checkpointers._flows import digest, new_etag
 from checkpointers._names import ANONYMOUS_USER, Partition
 from checkpointers.backends import Backend, ListQuery, Mode, Put
 from checkpointers.errors import CorruptItemError, IsolationError, ItemTooLargeError, StepMismatchError
-from checkpointers.savers import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
+from checkpointers.savers import (
+    Checkpointer,
+    MemoryCheckpointer,
+    RedisCheckpointer,
+    S3Checkpointer,
+    SqliteCheckpointer,
+)
 
 # -- helpers ------------------------------------------------------------------
 
@@ -520,3 +526,25 @@ def test_constructors_and_context_managers(tmp_path: Path) -> None:
     assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
     with Checkpointer.from_url(f"sqlite:///{path}", user="bob") as bob:
         assert bob.get_tuple(cfg("t")) is None
+
+
+def test_redis_checkpointer_opens_its_backend(redis_url: str) -> None:
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    with RedisCheckpointer(redis_url, prefix=prefix, user="alice", max_item_bytes=50_000) as saver:
+        assert saver.max_item_bytes == 50_000 and saver.user == "alice"
+        put(saver, cfg("t"), x=1)
+        tup = saver.get_tuple(cfg("t"))
+        assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
+        saver.delete_thread("t")
+        assert saver.get_tuple(cfg("t")) is None
+
+
+def test_s3_checkpointer_opens_its_backend(s3_http_client: Any) -> None:
+    from tests.plugins.s3_plugin import BUCKET
+
+    with S3Checkpointer(BUCKET, f"t-{uuid.uuid4().hex}", client=s3_http_client, user="alice") as saver:
+        put(saver, cfg("t"), x=1)
+        tup = saver.get_tuple(cfg("t"))
+        assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
+        saver.delete_thread("t")
+        assert saver.get_tuple(cfg("t")) is None

@@ -21,11 +21,15 @@ blocks the loop.
 
 **Users.** The user of a call is ``config["configurable"]["user_id"]`` if
 present, else the user the view is bound to (:meth:`Checkpointer.for_user`),
-else the anonymous user, isolated like any other. With ``require_user=True``
+else the user of the surrounding :meth:`Checkpointer.acting_for` block, else
+the anonymous user, isolated like any other. With ``require_user=True``
 a call without a user raises :class:`~checkpointers.errors.IsolationError`
 before any I/O. Methods that take no config (``delete_thread``,
 ``copy_thread``, ``prune``, ``delete_for_runs``, ``list(None)``) use the bound
-user: bind a view per user to manage their threads.
+user: bind a view per user to manage their threads. LangGraph's
+``get_state(subgraphs=True)`` reads subgraph checkpoints with configs that
+carry only ``thread_id`` and ``checkpoint_ns``: compile with a bound view, or
+wrap the call in ``with saver.acting_for(user_id):``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +116,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         self.user = None if user is None else validate_user(user)
         self.require_user = require_user
         self.max_item_bytes = max_item_bytes
+        self._acting: ContextVar[str | None] = ContextVar(f"checkpointers_user_{id(self)}", default=None)
         self._init_flows()
 
     @classmethod
@@ -129,6 +135,21 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         view.user = validate_user(user)
         return view
 
+    @contextmanager
+    def acting_for(self, user: str) -> Iterator[Checkpointer]:
+        """Within the block, calls that name no user (and views bound to none) act for ``user``.
+
+        The user is kept in a context variable of this saver (shared by its
+        views), so it follows the code into tasks and threads started with a
+        copy of the context and is gone after the block. A ``user_id`` in a
+        call's config and a view's binding still win.
+        """
+        token = self._acting.set(validate_user(user))
+        try:
+            yield self
+        finally:
+            self._acting.reset(token)
+
     # -- who and where ------------------------------------------------------
 
     def _user(self, config: RunnableConfig | None) -> str:
@@ -137,6 +158,9 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
             return validate_user(configured)
         if self.user is not None:
             return self.user
+        acting = self._acting.get()
+        if acting is not None:
+            return acting
         if self.require_user:
             raise IsolationError(
                 "this checkpointer requires a user (require_user=True): put "

@@ -548,3 +548,22 @@ def test_s3_checkpointer_opens_its_backend(s3_http_client: Any) -> None:
         assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
         saver.delete_thread("t")
         assert saver.get_tuple(cfg("t")) is None
+
+
+async def test_acting_for_names_the_user_of_calls_without_one(backend: Backend) -> None:
+    root = Checkpointer(backend, require_user=True)
+    alice, bob = new_user(), new_user()
+    put(root, cfg("t", user_id=alice), x="alice's")
+    with pytest.raises(IsolationError):
+        root.get_tuple(cfg("t"))
+    with root.acting_for(alice) as acting:
+        tup = acting.get_tuple(cfg("t"))  # a config with no user_id, as get_state(subgraphs=True) builds
+        assert tup is not None and tup.checkpoint["channel_values"] == {"x": "alice's"}
+        assert root.get_tuple(cfg("t", user_id=bob)) is None  # the config still wins
+        assert root.for_user(bob).get_tuple(cfg("t")) is None  # and so does a binding
+        assert (await asyncio.create_task(root.aget_tuple(cfg("t")))) is not None  # tasks inherit it
+    with pytest.raises(IsolationError):
+        root.get_tuple(cfg("t"))
+    with root.acting_for(bob):
+        assert root.get_tuple(cfg("t")) is None
+        assert list(root.list(None)) == []

@@ -1,4 +1,4 @@
-"""``python -m checkpointers.conformance TARGET [--deep] [-v]``: run the suite, print a report.
+"""``python -m checkpointers.conformance TARGET [--deep] [--no-shrink] [-v]``: run the suite, print a report.
 
 TARGET is one of:
 
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("target", help="store URL or module:factory")
     parser.add_argument("--deep", action="store_true", help="many random hypothesis examples")
+    parser.add_argument(
+        "--no-shrink", action="store_true", help="report failing examples as found, without minimizing"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="list every check, not only failures")
     args = parser.parse_args(argv)
     try:
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"cannot use target {args.target!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    use_depth(args.deep)
+    use_depth(args.deep, shrink=not args.no_shrink)
     report = asyncio.run(run_suite(target=args.target, **targets))
     depth = "deep: random seeds, many examples" if args.deep else "ci: fixed seed, few examples"
     print(report.format(verbose=args.verbose).replace("\n", f"  ({depth})\n", 1))

@@ -259,7 +259,7 @@ async def check_concurrent_if_match_threads(api: Api) -> None:
 
 async def check_atomic_visibility(api: Api) -> None:
     """A reader polling during many multi-record batches never sees a partial batch."""
-    width, batches = 6, 30
+    width, batches = 6, 15
     keys = [f"k{j}" for j in range(width)]
     stop = threading.Event()
     seen: list[list[tuple[str, Any]]] = []

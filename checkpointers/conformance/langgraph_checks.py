@@ -106,9 +106,10 @@ async def _scenario(
     runs = [f"run-{tag}{i}" for i in (0, 1)]
 
     for i, lg in enumerate(views):
-        version = lg.saver.get_next_version(None, None)
+        version = None
         parent = _config(t, ns)
         for j, cid in enumerate(ids[:2]):
+            version = lg.saver.get_next_version(version, None)  # a new version per value
             parent = await lg.call(
                 "put", parent, _checkpoint(cid, f"user{i}-{j}", version),
                 {"source": "loop", "step": j, "parents": {}, "run_id": runs[i], "owner": i},

@@ -52,7 +52,7 @@ __all__ = [
 
 _DEPTH = {"deep": False, "shrink": True}
 #: Examples per property per target: (fixed-seed CI run, --deep run).
-IO_EXAMPLES = (8, 300)
+IO_EXAMPLES = (5, 300)
 PURE_EXAMPLES = (50, 5_000)
 
 

@@ -455,13 +455,34 @@ def _langgraph_redis_anchor() -> SaverEntry:
     )
 
 
+def _legacy_serde() -> Any:
+    """LangGraph's serializer plus the ``dumps``/``loads`` that langgraph-checkpoint 4 removed.
+
+    ``langgraph-checkpoint-s3`` 0.1.x still calls ``serde.dumps(metadata)``;
+    metadata is JSON-able, so JSON bytes are what the older serializer made.
+    """
+    import json
+
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    class LegacySerde(JsonPlusSerializer):
+        def dumps(self, obj: Any) -> bytes:
+            return json.dumps(obj, default=str).encode()
+
+        def loads(self, data: bytes) -> Any:
+            return json.loads(data)
+
+    return LegacySerde()
+
+
 def _s3_anchor() -> SaverEntry:
     @contextlib.contextmanager
     def sync(env: Env) -> Iterator[Opened]:
         from langgraph_checkpoint_s3 import S3CheckpointSaver
 
         bucket = env.s3.fresh_bucket()
-        saver = S3CheckpointSaver(bucket, prefix="ckpt/", s3_client=env.s3.client())
+        saver = S3CheckpointSaver(bucket, prefix="ckpt/", s3_client=env.s3.client(),
+                                  serde=_legacy_serde())
         yield Opened(saver, lambda: env.s3.footprint(bucket))
 
     @contextlib.asynccontextmanager
@@ -480,7 +501,8 @@ def _s3_anchor() -> SaverEntry:
                     yield client
 
         bucket = env.s3.fresh_bucket()
-        saver = LoopbackSaver(bucket, prefix="ckpt/", session=aioboto3.Session())
+        saver = LoopbackSaver(bucket, prefix="ckpt/", session=aioboto3.Session(),
+                              serde=_legacy_serde())
         yield Opened(saver, lambda: env.s3.footprint(bucket))
 
     return SaverEntry(

@@ -68,6 +68,8 @@ class Sizes:
     cell_budget: float = 4.0
     #: (f) skips a size where one call is expected to take longer than this
     slow_call: float = 5.0
+    #: (c) gives up on a saver that cannot put its history within this many seconds
+    fill_budget: float = 100.0
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -84,6 +86,7 @@ class Sizes:
             budget=0.3,
             cell_budget=0.5,
             slow_call=0.5,
+            fill_budget=15.0,
         )
 
 
@@ -629,8 +632,15 @@ def workload_ops(ctx: Context) -> Table:
 # -- (c) history length -----------------------------------------------------------------------------
 
 
-def fill(s: Session, thread_id: str, count: int) -> None:
-    run_flow(s, lambda saver: raw_ops(saver, thread_id, count, writes=False, reads=False))
+def fill(s: Session, thread_id: str, count: int, budget: float = float("inf")) -> None:
+    """Put ``count`` checkpoints on one thread; raise if that takes longer than ``budget`` s."""
+    clock = run_flow(s, lambda saver: raw_ops(saver, thread_id, count, writes=False, reads=False),
+                     budget)
+    done = len(clock.get("put", []))
+    if done < count:
+        spent = sum(clock["put"])
+        raise TimeoutError(f"not measured: filling {count:,} checkpoints would take "
+                           f"~{spent * count / done:.0f} s ({done:,} in {spent:.0f} s)")
 
 
 def request_counter(entry: SaverEntry) -> Counter | None:
@@ -662,7 +672,7 @@ def workload_history(ctx: Context) -> Table:
             s = Session(entry, primary_mode(entry), ctx.env)
             sessions[entry] = s
             for tid, n in (("small", small), ("big", big)):
-                fill(s, tid, n)
+                fill(s, tid, n, sz.fill_budget)
                 expected[entry, tid] = read_latest(s, tid).checkpoint["id"]
         except Exception as exc:
             errors[entry] = short_error(exc)

@@ -19,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in COMMANDS:
         usage = "\n".join(f"  {name:<8}{help}" for name, help in COMMANDS.items())
-        print(f"usage: python -m checkpointers <command> [options]\n\ncommands:\n{usage}", file=sys.stderr)
+        print(
+            f"usage: python -m checkpointers <command> [options]\n\ncommands:\n{usage}",
+            file=sys.stderr,
+        )
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     from .demo import main as demo_main
 

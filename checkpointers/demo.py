@@ -39,10 +39,21 @@ from urllib.parse import urlsplit
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
+from .savers import Checkpointer
+
 __all__ = ["Outbox", "countdown_graph", "main", "run_child", "run_demo"]
 
 #: The user the demo's threads belong to.
 DEMO_USER = "demo"
+
+
+_OUTBOX_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS outbox (key TEXT PRIMARY KEY, value INTEGER, pid INTEGER)",
+    "CREATE TABLE IF NOT EXISTS attempts"
+    " (id INTEGER PRIMARY KEY, key TEXT, value INTEGER, pid INTEGER, applied INTEGER)",
+    "CREATE TABLE IF NOT EXISTS runs"
+    " (id INTEGER PRIMARY KEY, node TEXT, value INTEGER, pid INTEGER)",
+)
 
 
 class Outbox:
@@ -57,17 +68,8 @@ class Outbox:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(os.fspath(path), check_same_thread=False, timeout=30)
         with self._conn:
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS outbox (key TEXT PRIMARY KEY, value INTEGER, pid INTEGER)"
-            )
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS attempts (id INTEGER PRIMARY KEY, key TEXT,"
-                " value INTEGER, pid INTEGER, applied INTEGER)"
-            )
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, node TEXT,"
-                " value INTEGER, pid INTEGER)"
-            )
+            for statement in _OUTBOX_SCHEMA:
+                self._conn.execute(statement)
 
     def deliver(self, key: str, value: int) -> bool:
         """Apply the side effect for ``key`` unless it was applied before.
@@ -156,10 +158,7 @@ def countdown_graph(checkpointer: Any, outbox: Outbox, crash_at: int | None = No
     return builder.compile(checkpointer=checkpointer)
 
 
-def _open(store: str) -> Any:
-    from .savers import Checkpointer
-
-
+def _open(store: str) -> Checkpointer:
     return Checkpointer.from_url(store).for_user(DEMO_USER)
 
 
@@ -168,7 +167,9 @@ def _config(thread_id: str, start: int) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id}, "recursion_limit": 2 * start + 10}
 
 
-def run_child(store: str, outbox_path: str, thread_id: str, start: int, crash_at: int | None) -> None:
+def run_child(
+    store: str, outbox_path: str, thread_id: str, start: int, crash_at: int | None
+) -> None:
     """Run (``crash_at`` set) or resume (``crash_at`` None) the countdown thread."""
     saver = _open(store)
     outbox = Outbox(outbox_path)
@@ -193,12 +194,11 @@ class _Report:
             self.failures.append(what)
 
 
-def _store_bytes(store: str) -> str | None:
-    """``"<n> bytes (<file>)"`` for a SQLite store, ``None`` for others."""
-    parts = urlsplit(store)
-    if parts.scheme != "sqlite":
+def _file_bytes(path: str | None) -> str | None:
+    """``"<n> bytes (<file> <n> + <file>-wal <n>)"`` for a SQLite file, else ``None``."""
+    if path is None:
         return None
-    path = Path(parts.path)
+    path = Path(path)
     sizes = {p.name: p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists()}
     detail = " + ".join(f"{name} {size:,}" for name, size in sizes.items())
     return f"{sum(sizes.values()):,} bytes ({detail})"
@@ -214,7 +214,9 @@ def _spawn(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
-def run_demo(store: str | None = None, crash_at: int = 12, start: int = 20, keep: bool = False) -> int:
+def run_demo(
+    store: str | None = None, crash_at: int = 12, start: int = 20, keep: bool = False
+) -> int:
     """Run the crash demo, print its report; return 0 on PASS, 1 on FAIL."""
     if not 0 <= crash_at <= start:
         raise ValueError(f"--crash-at must be between 0 and --start ({start}), got {crash_at}")
@@ -238,16 +240,23 @@ def run_demo(store: str | None = None, crash_at: int = 12, start: int = 20, keep
 def _crash_and_resume(store: str, workdir: Path, crash_at: int, start: int) -> _Report:
     thread_id = f"countdown-{uuid.uuid4().hex[:8]}"
     outbox_path = workdir / "outbox.db"
-    common = ["--store", store, "--outbox", str(outbox_path), "--thread", thread_id, "--start", str(start)]
+    common = ["--store", store, "--outbox", str(outbox_path), "--thread", thread_id]
+    common += ["--start", str(start)]
     rep = _Report()
-    rep.line(f"checkpointers crash demo: countdown {start}..0, SIGKILL after step {crash_at}'s side effect")
+    rep.line(
+        f"checkpointers crash demo: countdown {start}..0, "
+        f"SIGKILL after step {crash_at}'s side effect"
+    )
     rep.line(f"store:   {store}  (thread {thread_id!r}, user {DEMO_USER!r})")
     rep.line(f"outbox db: {outbox_path}")
 
     first = _spawn([*common, "--kill-at", str(crash_at)])
     killed = first.returncode == -signal.SIGKILL
     rep.line(f"run 1:   exit {first.returncode}" + ("  (SIGKILL, as planned)" if killed else ""))
-    rep.check(killed, f"run 1 should die by SIGKILL, exited {first.returncode}: {_last_line(first.stderr)}")
+    rep.check(
+        killed,
+        f"run 1 should die by SIGKILL, exited {first.returncode}: {_last_line(first.stderr)}",
+    )
     second = _spawn(common)
     rep.line(f"run 2:   exit {second.returncode}  (fresh process, resumed from the store)")
     rep.check(second.returncode == 0, f"run 2 failed: {_last_line(second.stderr)}")
@@ -260,11 +269,11 @@ def _crash_and_resume(store: str, workdir: Path, crash_at: int, start: int) -> _
         outputs: list[int] = state.get("outputs", [])
         checkpoints = len(list(saver.list(config)))
         rows, attempts, runs = outbox.rows(), outbox.attempts(), outbox.runs()
+        sqlite_path = saver.backend.path if saver.backend.kind == "sqlite" else None
     finally:
         outbox.close()
-        close = getattr(saver, "close", None)
-        if close is not None:
-            close()
+        saver.close()
+    size = _file_bytes(sqlite_path)  # after close: the WAL is folded into the file
 
     expected = list(range(start, -1, -1))
     repeated = sorted({n for n in outputs if outputs.count(n) > 1})
@@ -278,7 +287,9 @@ def _crash_and_resume(store: str, workdir: Path, crash_at: int, start: int) -> _
         if pid not in seen:
             seen.append(pid)
     twice = [run for run, ps in pids.items() if len(ps) > 1]
-    shown = ", ".join(f"{node} step {n} (pids {' then '.join(map(str, pids[node, n]))})" for node, n in twice)
+    shown = ", ".join(
+        f"{node} step {n} (pids {' then '.join(map(str, pids[node, n]))})" for node, n in twice
+    )
     rep.line(f"ran in two processes: {shown or 'none'}")
     rep.check(
         twice == [("worker", crash_at)],
@@ -300,8 +311,8 @@ def _crash_and_resume(store: str, workdir: Path, crash_at: int, start: int) -> _
         f"exactly the re-run of step {crash_at} should be skipped as a duplicate",
     )
 
-    size = _store_bytes(store)
-    rep.line(f"checkpoints: {checkpoints} stored for the thread" + (f", {size} on disk" if size else ""))
+    on_disk = f", {size} on disk" if size else ""
+    rep.line(f"checkpoints: {checkpoints} stored for the thread{on_disk}")
     rep.check(checkpoints > 0, "no checkpoints found in the store")
     return rep
 
@@ -313,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Crash a LangGraph countdown with SIGKILL and resume it from the store.",
     )
     parser.add_argument(
-        "--store", help="store URL (default: sqlite:///<tempdir>/demo.db); any Checkpointer.from_url URL"
+        "--store",
+        help="store URL, any Checkpointer.from_url accepts (default: sqlite:///<tempdir>/demo.db)",
     )
-    parser.add_argument("--crash-at", type=int, default=12, help="step to SIGKILL after (default 12)")
+    parser.add_argument(
+        "--crash-at", type=int, default=12, help="step to SIGKILL after (default 12)"
+    )
     parser.add_argument("--start", type=int, default=20, help="count down from N (default 20)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (store, outbox)")
     # Internal: one run of the graph in a child process.

@@ -111,6 +111,18 @@ def _mark(label: str) -> Any:
     return node
 
 
+def _chain(*nodes: tuple[str, Any]) -> StateGraph:
+    """A graph running ``nodes`` one after another."""
+    builder = StateGraph(TrailState)
+    previous = START
+    for name, node in nodes:
+        builder.add_node(name, node)
+        builder.add_edge(previous, name)
+        previous = name
+    builder.add_edge(previous, END)
+    return builder
+
+
 def nested_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph:
     """parent -> ``child`` subgraph -> ``grand`` subgraph, which interrupts.
 
@@ -122,30 +134,17 @@ def nested_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph:
         answer = interrupt("grand asks")
         return {"trail": [*state["trail"], f"answer={answer}"]}
 
-    grand = StateGraph(TrailState)
-    grand.add_node("grand_before", _mark("grand_before"))
-    grand.add_node("grand_ask", grand_ask)
-    grand.add_edge(START, "grand_before")
-    grand.add_edge("grand_before", "grand_ask")
-    grand.add_edge("grand_ask", END)
-
-    child = StateGraph(TrailState)
-    child.add_node("child_before", _mark("child_before"))
-    child.add_node("grand", grand.compile())
-    child.add_node("child_after", _mark("child_after"))
-    child.add_edge(START, "child_before")
-    child.add_edge("child_before", "grand")
-    child.add_edge("grand", "child_after")
-    child.add_edge("child_after", END)
-
-    parent = StateGraph(TrailState)
-    parent.add_node("parent_before", _mark("parent_before"))
-    parent.add_node("child", child.compile())
-    parent.add_node("parent_after", _mark("parent_after"))
-    parent.add_edge(START, "parent_before")
-    parent.add_edge("parent_before", "child")
-    parent.add_edge("child", "parent_after")
-    parent.add_edge("parent_after", END)
+    grand = _chain(("grand_before", _mark("grand_before")), ("grand_ask", grand_ask))
+    child = _chain(
+        ("child_before", _mark("child_before")),
+        ("grand", grand.compile()),
+        ("child_after", _mark("child_after")),
+    )
+    parent = _chain(
+        ("parent_before", _mark("parent_before")),
+        ("child", child.compile()),
+        ("parent_after", _mark("parent_after")),
+    )
     return parent.compile(checkpointer=checkpointer)
 
 

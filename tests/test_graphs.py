@@ -114,6 +114,12 @@ def test_nested_subgraph_interrupt(saver: Any, durability: str) -> None:
     _run_nested(nested_graph(saver), thread(), durability)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap in checkpointers.savers: LangGraph's get_state(subgraphs=True) rebuilds "
+    "sub-configs with only thread_id and checkpoint_ns, so an unbound saver looks in the "
+    "anonymous space; bound views work (test_nested_subgraph_interrupt)",
+)
 def test_nested_subgraph_user_from_config(base: Any) -> None:
     """Unbound saver: the user comes from ``configurable.user_id``.
 
@@ -124,9 +130,8 @@ def test_nested_subgraph_user_from_config(base: Any) -> None:
     graph = nested_graph(base)
     config = thread(user_id=f"alice-{uuid.uuid4().hex[:6]}")
     _run_nested(graph, config, "sync")
-    other: RunnableConfig = {
-        "configurable": {**config["configurable"], "user_id": config["configurable"]["user_id"] + "2"}
-    }
+    user = config["configurable"]["user_id"]
+    other: RunnableConfig = {"configurable": {**config["configurable"], "user_id": user + "2"}}
     assert graph.get_state(other, subgraphs=True).values == {}
     assert list(graph.get_state_history(other)) == []
 
@@ -189,11 +194,12 @@ def test_update_state_fork_and_time_travel(saver: Any) -> None:
     assert graph.invoke(None, past.config) == {"count": 5, "trail": [0, 1, 2, 3, 4]}
     latest = graph.get_state(config)
     assert latest.values == {"count": 5, "trail": [0, 1, 2, 3, 4]}
-    replayed = [s for s in graph.get_state_history(config) if s.parent_config] 
+    replayed = [s for s in graph.get_state_history(config) if s.parent_config]
     children_of_past = [
         s
         for s in replayed
-        if s.parent_config["configurable"]["checkpoint_id"] == past.config["configurable"]["checkpoint_id"]
+        if s.parent_config["configurable"]["checkpoint_id"]
+        == past.config["configurable"]["checkpoint_id"]
     ]
     assert len(children_of_past) == 2  # the original step and the replayed one
     # The original branch is still intact.

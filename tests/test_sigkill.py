@@ -16,7 +16,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -38,14 +37,18 @@ def store_url(backend: Backend, request: pytest.FixtureRequest) -> str:
         return f"sqlite:///{backend.path}"  # type: ignore[attr-defined]
     if kind == "redis":
         server = request.getfixturevalue("redis_url")
-        return f"{server}{'&' if '?' in server else '?'}{urlencode({'prefix': backend.prefix})}"  # type: ignore[attr-defined]
+        query = urlencode({"prefix": backend.prefix})  # type: ignore[attr-defined]
+        return f"{server}{'&' if '?' in server else '?'}{query}"
     if kind == "s3":
         endpoint = backend.client.meta.endpoint_url  # type: ignore[attr-defined]
-        return f"s3://{backend.bucket}/{backend.root}?{urlencode({'endpoint_url': endpoint})}"  # type: ignore[attr-defined]
+        query = urlencode({"endpoint_url": endpoint})
+        return f"s3://{backend.bucket}/{backend.root}?{query}"  # type: ignore[attr-defined]
     raise AssertionError(f"no cross-process URL for {kind!r}")
 
 
-def run_app(url: str, directory: Path, thread: str, user: str, durability: str, *, resume: bool) -> Any:
+def run_app(
+    url: str, directory: Path, thread: str, user: str, durability: str, *, resume: bool
+) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "tests.graph_apps", "sigkill",
         "--url", url, "--dir", str(directory), "--thread", thread, "--user", user,

@@ -22,10 +22,23 @@ from .store import Batch, Item, Store
 
 __version__ = "0.1.0"
 
+_SAVERS = ("Checkpointer", "MemoryCheckpointer", "RedisCheckpointer", "S3Checkpointer", "SqliteCheckpointer")
+
+
+def __getattr__(name: str) -> object:
+    # The LangGraph savers import langchain-core/langgraph: load them on first use.
+    if name in _SAVERS:
+        from . import savers
+
+        return getattr(savers, name)
+    raise AttributeError(f"module 'checkpointers' has no attribute {name!r}")
+
+
 __all__ = [
     "Backend",
     "BackendUnavailableError",
     "Batch",
+    "Checkpointer",
     "CheckpointerError",
     "ConcurrencyError",
     "CorruptItemError",
@@ -33,6 +46,10 @@ __all__ = [
     "IsolationError",
     "Item",
     "ItemTooLargeError",
+    "MemoryCheckpointer",
+    "RedisCheckpointer",
+    "S3Checkpointer",
+    "SqliteCheckpointer",
     "StepMismatchError",
     "Store",
     "TooManyTagsError",

@@ -4,7 +4,8 @@
 
 ==============================  =============================================
 ``memory://``                   in-process, for tests and quick starts
-``sqlite:///path/to/file.db``   embedded default (WAL, several processes safe)
+``sqlite:///rel/file.db``       embedded default (WAL, several processes safe);
+                                ``sqlite:////abs/file.db`` for an absolute path
 ``redis://host:6379/0``         Redis or Valkey 7+, no modules
 ``s3://bucket/prefix``          S3 or any S3-compatible endpoint
                                 (``?endpoint_url=http://127.0.0.1:9000``)

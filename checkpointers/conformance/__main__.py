@@ -2,7 +2,7 @@
 
 TARGET is one of:
 
-* a store URL: ``memory://``, ``sqlite:///tmp/x.db``, ``redis://127.0.0.1:6379/0``,
+* a store URL: ``memory://``, ``sqlite:////tmp/x.db``, ``redis://127.0.0.1:6379/0``,
   ``s3://bucket/prefix?endpoint_url=...``;
 * ``module:factory`` where ``factory()`` (no arguments) returns a fresh
   :class:`~checkpointers.backends.Backend` (a Backend class works too);

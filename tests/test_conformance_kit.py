@@ -132,3 +132,14 @@ def test_cli_saver_factory_and_bad_target() -> None:
     assert "langgraph        FAIL" in out.stdout and "contract         N/A" in out.stdout
     bad = _cli("tests.broken_backends:nothing_here")
     assert bad.returncode == 2 and "nothing_here" in bad.stderr
+
+
+async def test_the_example_in_the_docs_passes() -> None:
+    """The code block of docs/backends.md itself, executed, passes the suite."""
+    text = (ROOT / "docs" / "backends.md").read_text()
+    section = text[text.index("## A minimal backend") :]
+    code = section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python"))]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/backends.md", "exec"), namespace)
+    report = await run_suite(backend_factory=namespace["ExampleBackend"], groups=ITEM_GROUPS)  # type: ignore[arg-type]
+    assert report.passed_all(), report.format()

@@ -114,26 +114,25 @@ def test_nested_subgraph_interrupt(saver: Any, durability: str) -> None:
     _run_nested(nested_graph(saver), thread(), durability)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in checkpointers.savers: LangGraph's get_state(subgraphs=True) rebuilds "
-    "sub-configs with only thread_id and checkpoint_ns, so an unbound saver looks in the "
-    "anonymous space; bound views work (test_nested_subgraph_interrupt)",
-)
 def test_nested_subgraph_user_from_config(base: Any) -> None:
     """Unbound saver: the user comes from ``configurable.user_id``.
 
-    ``get_state(subgraphs=True)`` rebuilds sub-configs without custom keys;
-    the saver must still find this user's subgraph checkpoints, and another
-    user on the same thread id must see nothing.
+    ``get_state(subgraphs=True)`` rebuilds sub-configs without custom keys, so
+    the caller names the user for those reads with ``acting_for``; the run
+    itself carries ``user_id`` everywhere. Another user on the same thread id
+    sees nothing, even inside the first user's ``acting_for`` block.
     """
     graph = nested_graph(base)
-    config = thread(user_id=f"alice-{uuid.uuid4().hex[:6]}")
-    _run_nested(graph, config, "sync")
-    user = config["configurable"]["user_id"]
-    other: RunnableConfig = {"configurable": {**config["configurable"], "user_id": user + "2"}}
-    assert graph.get_state(other, subgraphs=True).values == {}
-    assert list(graph.get_state_history(other)) == []
+    user = f"alice-{uuid.uuid4().hex[:6]}"
+    config = thread(user_id=user)
+    with base.acting_for(user):
+        _run_nested(graph, config, "sync")
+        other: RunnableConfig = {"configurable": {**config["configurable"], "user_id": user + "2"}}
+        assert graph.get_state(other, subgraphs=True).values == {}
+        assert list(graph.get_state_history(other)) == []
+    # Outside the block the sub-configs fall back to the anonymous space: nothing there.
+    bare: RunnableConfig = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+    assert graph.get_state(bare, subgraphs=True).values == {}
 
 
 def test_send_fanout(saver: Any) -> None:

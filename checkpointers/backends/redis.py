@@ -34,8 +34,11 @@ Operations and round trips
 ==========================
 
 ``get`` is one ``HMGET``; ``list`` is one Lua script; ``write`` is one
-pipeline (registry ``HSET`` + the batch script); ``drop`` is one script plus
-the registry update. :attr:`RedisBackend.round_trips` counts every pipeline
+pipeline (registry ``HSET`` + the batch script), plus one ``HSET`` when it
+is the partition's first write and two or three registry commands when it
+leaves the partition empty; ``drop`` is one script plus those registry
+commands. The first use of a script on a server costs one more (``NOSCRIPT``,
+then ``EVAL``). :attr:`RedisBackend.round_trips` counts every pipeline
 or command sent (a cluster pipeline that talks to several nodes at once
 counts as one).
 
@@ -53,9 +56,10 @@ The user registry
 in another slot than the partitions it names, so a Cluster cannot update it
 inside the batch script. It is kept right with idempotent commands instead:
 
-* every write sends ``HSET parts pk name`` in the same pipeline, before its
-  script, so a partition is registered before it can hold a record, also if
-  the client dies right after;
+* every write sends ``HSET parts pk name`` in the same pipeline as its
+  script (before it; on a Cluster, to the other node at the same time), so
+  a partition is registered when it holds a record, also if the client dies
+  right after;
 * a write that turns an empty partition non-empty (the script reports it)
   sends ``HSET`` again after the script: that repairs a registration removed
   by a concurrent ``drop``/emptying that ran between the two;
@@ -103,7 +107,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -139,8 +143,6 @@ __all__ = ["RedisBackend", "TRANSIENT_ERRORS", "translate_errors"]
 
 #: How many ``/``-terminated ancestors of a name get their own seq index.
 ANCESTOR_DEPTH = 4
-#: Below this many candidates, a seq-order prefix query sorts them in the script.
-_GATHER_LIMIT = 256
 _SEQ_DIGITS = 16
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
 
@@ -324,7 +326,6 @@ local nlo, nhi, has_nhi = ARGV[6], ARGV[7], ARGV[8] == "1"
 local slo, shi, anc = ARGV[9], ARGV[10], ARGV[11]
 local tags = {}
 for i = 12, #ARGV do tags[#tags + 1] = ARGV[i] end
-local GATHER = 256
 
 local out, count = {}, 0
 local function full() return limit >= 0 and count >= limit end
@@ -379,6 +380,19 @@ local function seq_range(family)  -- family ends with "|"; members family..seq16
   return "[" .. family .. slo, hi
 end
 
+-- seq order under a prefix that is not an indexed ancestor: walking the
+-- ancestor's index skips the names outside the prefix; reading every name
+-- under the prefix and sorting them costs their number. Pick the cheaper.
+local function index_is_cheaper()
+  local under = redis.call("ZLEXCOUNT", n, "[" .. prefix, "(" .. prefix .. "\255")
+  if under == 0 then return false end
+  local family = redis.call("ZCARD", n)
+  if anc ~= "" then family = redis.call("ZLEXCOUNT", n, "[" .. anc, "(" .. anc .. "\255") end
+  local wanted = under
+  if limit >= 0 and limit < under then wanted = limit end
+  return wanted * family / under <= 2 * under
+end
+
 if #tags > 0 then
   -- walk the smallest tag index; check the other tags on each candidate
   local kind = by_seq and "s" or "n"
@@ -403,12 +417,7 @@ elseif not by_seq then
   local lo = "-"
   if nlo ~= "" then lo = "[" .. nlo end
   scan(n, lo, hi, 1, 0, false)
-elseif prefix == anc
-    or redis.call("ZLEXCOUNT", n, "[" .. prefix, "(" .. prefix .. "\255") > GATHER then
-  -- the seq index of the prefix's longest indexed ancestor
-  local lo, hi = seq_range(anc .. "|")
-  scan(x, lo, hi, #anc + 19, 0, prefix ~= anc)
-else
+elseif prefix ~= anc and not index_is_cheaper() then
   -- few names under the prefix: read them all and sort by seq
   local rows = {}
   local lo_seq = tonumber(slo) or 0
@@ -431,6 +440,10 @@ else
     if full() then break end
     emit(row[2], row[3])
   end
+else
+  -- the seq index of the prefix's longest indexed ancestor
+  local lo, hi = seq_range(anc .. "|")
+  scan(x, lo, hi, #anc + 19, 0, prefix ~= anc)
 end
 return out
 """
@@ -627,6 +640,21 @@ def _applied_before(
     return own or not puts
 
 
+async def _loop_guard(client: Any) -> AsyncIterator[None]:
+    """Close ``client`` when its event loop shuts down.
+
+    A loop finalizes the async generators started in it before it closes
+    (``loop.shutdown_asyncgens()``, called by ``asyncio.run`` and
+    ``asyncio.Runner``), which runs this ``finally`` while the loop can still
+    close the connections.
+    """
+    try:
+        yield
+    finally:
+        with contextlib.suppress(*DRIVER_ERRORS, RuntimeError):
+            await client.aclose()
+
+
 # --------------------------------------------------------------------------
 
 
@@ -702,9 +730,9 @@ class RedisBackend(Backend):
         self._client = client
         self._owns_client = client is None
         self._aclient = aclient
-        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._aclients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncIterator[None]]
+        ] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     @classmethod
@@ -764,7 +792,7 @@ class RedisBackend(Backend):
                         self._client = kind.from_url(self._url, **self._client_kwargs())
         return self._client
 
-    def _async_client(self) -> Any:
+    async def _async_client(self) -> Any:
         if self._aclient is not None:
             return self._aclient
         if self._url is None:
@@ -772,32 +800,40 @@ class RedisBackend(Backend):
                 "this RedisBackend has only a sync client: use the sync methods, or pass "
                 "aclient= (a redis.asyncio.Redis) too"
             )
-        # redis.asyncio connections belong to the loop that opened them.
+        # redis.asyncio connections belong to the loop that opened them: one
+        # client per loop, closed when that loop shuts down (see _loop_guard).
         loop = asyncio.get_running_loop()
-        client = self._aclients.get(loop)
-        if client is None:
+        entry = self._aclients.get(loop)
+        if entry is None:
             kind = redis.asyncio.cluster.RedisCluster if self.cluster else redis.asyncio.Redis
-            client = self._aclients[loop] = kind.from_url(self._url, **self._client_kwargs())
-        return client
+            client = kind.from_url(self._url, **self._client_kwargs())
+            guard = _loop_guard(client)
+            await guard.__anext__()
+            entry = self._aclients[loop] = (client, guard)
+        return entry[0]
 
     def close(self) -> None:
-        """Close the clients this backend created (idempotent)."""
+        """Close the clients this backend created (idempotent).
+
+        Each async client is closed by its event loop's shutdown
+        (``asyncio.run`` and test runners shut loops down), or here when its
+        loop is open but idle; inside a running loop, use :meth:`aclose`.
+        """
         if self._owns_client and self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(*DRIVER_ERRORS):
                 client.close()
+        for loop, (_, guard) in list(self._aclients.items()):
+            if not loop.is_closed() and not loop.is_running():
+                del self._aclients[loop]
+                loop.run_until_complete(guard.aclose())
 
     async def aclose(self) -> None:
         """Close the clients this backend created, the current loop's async one included."""
         self.close()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # pragma: no cover - aclose is always awaited in a loop
-            return
-        client = self._aclients.pop(loop, None)
-        if client is not None:
-            with contextlib.suppress(*DRIVER_ERRORS):
-                await client.aclose()
+        entry = self._aclients.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[1].aclose()
 
     # -- keys --------------------------------------------------------------
 
@@ -843,16 +879,21 @@ class RedisBackend(Backend):
         self.retries += 1
         return min(self.retry_backoff * 2**attempt, self.retry_backoff_max) * (0.5 + random.random() / 2)
 
+    def _pipeline(self, client: Any, call: _Call, use_sha: bool) -> Any:
+        """The pipeline that sends ``call`` (counted as one round trip)."""
+        pipe = client.pipeline(transaction=False)
+        for command in call.commands:
+            self._queue(pipe, command, use_sha)
+        self.round_trips += 1
+        return pipe
+
     def _execute(self, call: _Call) -> _Reply:
         with translate_errors("redis"):
             attempt = 0
             while True:
                 try:
                     for use_sha in (True, False):
-                        pipe = self._sync_client().pipeline(transaction=False)
-                        for command in call.commands:
-                            self._queue(pipe, command, use_sha)
-                        self.round_trips += 1
+                        pipe = self._pipeline(self._sync_client(), call, use_sha)
                         results = self._results(pipe.execute(raise_on_error=False), use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0)
@@ -866,10 +907,7 @@ class RedisBackend(Backend):
             while True:
                 try:
                     for use_sha in (True, False):
-                        pipe = self._async_client().pipeline(transaction=False)
-                        for command in call.commands:
-                            self._queue(pipe, command, use_sha)
-                        self.round_trips += 1
+                        pipe = self._pipeline(await self._async_client(), call, use_sha)
                         results = self._results(await pipe.execute(raise_on_error=False), use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0)

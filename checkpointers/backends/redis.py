@@ -139,7 +139,7 @@ from .base import (
     check_batch,
 )
 
-__all__ = ["RedisBackend", "TRANSIENT_ERRORS", "translate_errors"]
+__all__ = ["DRIVER_ERRORS", "RedisBackend", "TRANSIENT_ERRORS", "is_transient", "translate_errors"]
 
 #: How many ``/``-terminated ancestors of a name get their own seq index.
 ANCESTOR_DEPTH = 4

@@ -80,10 +80,10 @@ class Decrement(Executor):
 
 
 class Relay(Executor):
-    """Forwards every number back to :class:`Decrement` (the second half of the loop)."""
+    """Sends every number on unchanged: the second half of the countdown loop, a fan-out's head."""
 
-    def __init__(self) -> None:
-        super().__init__(id="relay")
+    def __init__(self, id: str = "relay") -> None:
+        super().__init__(id=id)
 
     @handler
     async def forward(self, n: int, ctx: WorkflowContext[int]) -> None:
@@ -95,17 +95,6 @@ def countdown_workflow(name: str, storage: Any = None, **decrement: Any) -> Work
     dec, relay = Decrement(**decrement), Relay()
     builder = WorkflowBuilder(name=name, start_executor=dec, checkpoint_storage=storage)
     return builder.add_edge(dec, relay).add_edge(relay, dec).build()
-
-
-class Split(Executor):
-    """Sends its number to every worker (fan-out)."""
-
-    def __init__(self) -> None:
-        super().__init__(id="split")
-
-    @handler
-    async def split(self, n: int, ctx: WorkflowContext[int]) -> None:
-        await ctx.send_message(n)
 
 
 class Multiply(Executor):
@@ -137,7 +126,7 @@ def fan_workflow(name: str, storage: Any = None) -> Workflow:
     The fan-in into ``gather`` is therefore partly filled after superstep 2,
     so one checkpoint carries a half-full fan-in buffer.
     """
-    split, gather = Split(), Gather()
+    split, gather = Relay("split"), Gather()
     a, b, c, slow = Multiply("a", 2), Multiply("b", 3), Multiply("c", 5), Multiply("slow", 7)
     builder = WorkflowBuilder(name=name, start_executor=split, checkpoint_storage=storage)
     builder.add_fan_out_edges(split, [a, b, c]).add_edge(c, slow)

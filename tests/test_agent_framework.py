@@ -432,3 +432,17 @@ async def test_refused_type_would_resume_from_an_older_checkpoint(backend: Backe
     assert storage.refused_saves >= 1
     with pytest.raises(CheckpointSaveRefusedError, match=QUESTION_TYPE):
         storage.raise_if_refused()
+
+
+async def test_a_failing_on_refused_callback_does_not_hide_the_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    def explode(refusal: RefusedSave) -> None:
+        raise RuntimeError("callback broke")
+
+    storage = IsolatedCheckpointStorage(MemoryBackend(), user="alice", max_item_bytes=64, on_refused=explode)
+    checkpoint = synthetic_checkpoint("wf", state_bytes=100)
+    with caplog.at_level(logging.ERROR, logger="adapters.agent_framework"):
+        with pytest.raises(ItemTooLargeError):
+            await storage.save(checkpoint)
+    assert storage.refused_saves == 1
+    assert any("on_refused callback failed" in r.getMessage() for r in caplog.records)
+    assert storage.for_user("bob").max_item_bytes == 64  # a view keeps the settings

@@ -93,7 +93,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -379,6 +379,7 @@ class S3Backend(Backend):
         return await self._off_loop(self.recover, partition)
 
     def close(self) -> None:
+        self.client.meta.events.unregister("before-send.s3", self._count)
         self._pool.shutdown(wait=True)
         self._io.shutdown(wait=True)
 
@@ -396,7 +397,9 @@ class S3Backend(Backend):
             self._in_io.on = True
             return fn(item)
 
-        return list(self._io.map(task, items))
+        futures = [self._io.submit(task, i) for i in items]
+        wait(futures)  # no request of this call keeps running after it returns or raises
+        return [f.result() for f in futures]
 
     # -- keys ----------------------------------------------------------------
 
@@ -618,6 +621,8 @@ class S3Backend(Backend):
                 if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is not None:
                     return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
                 continue
+            if cur.record.etag == put.etag:
+                return cur.record  # our own write landed; a retry after a lost response got 412
             if put.mode is Mode.APPEND and cur.record.digest == put.digest:
                 return cur.record
             return Conflict(0, put.name, cur.record)
@@ -637,7 +642,8 @@ class S3Backend(Backend):
         seq = self._next_seq(cur.record.seq)
         if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is None:
             (now,) = self._read(pkey, [put.name])
-            return Conflict(0, put.name, now.record if now else None)
+            if now is None or now.record is None or now.record.etag != put.etag:
+                return Conflict(0, put.name, now.record if now else None)
         return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
 
     def _delete_one(self, pkey: str, delete: Delete) -> None | Conflict:
@@ -650,7 +656,8 @@ class S3Backend(Backend):
             return Conflict(0, delete.name, cur.record if cur else None)
         if not self._delete_obj(key, cur.s3etag):
             (now,) = self._read(pkey, [delete.name])
-            return Conflict(0, delete.name, now.record if now else None)
+            if now is not None and now.record is not None:  # absent: ours landed, response lost
+                return Conflict(0, delete.name, now.record)
         return None
 
     def _batch(self, pkey: str, puts: list[Put], deletes: list[Delete]) -> list[Record] | Conflict:
@@ -678,7 +685,9 @@ class S3Backend(Backend):
         if ops:
             manifest = self._manifest(ops)
             if self._put_obj(self._txkey(pkey, tx), manifest, absent=True) is None:
-                raise RuntimeError(f"batch id {tx} collided")  # uuid4: does not happen
+                got = self._get_obj(self._txkey(pkey, tx))  # 412 on a retry: did ours land?
+                if got is None or got[0] != manifest:
+                    raise RuntimeError(f"batch id {tx} collided")  # uuid4: does not happen
             self._apply(pkey, tx, ops)
         return records
 

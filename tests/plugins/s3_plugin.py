@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,14 +32,55 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var, value in {
+@pytest.fixture(scope="session")
+def _aws_env() -> Iterator[None]:
+    """Fake credentials for moto (real ones are kept when S3_ENDPOINT_URL is set)."""
+    if REAL_ENDPOINT:
+        yield
+        return
+    _make_moto_conditional_writes_atomic()
+    fake = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_SESSION_TOKEN": "testing",
         "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(var, value)
+    }
+    saved = {k: os.environ.get(k) for k in fake}
+    os.environ.update(fake)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_MOTO_WRITE_LOCK = threading.Lock()
+
+
+def _make_moto_conditional_writes_atomic() -> None:
+    """Serialize moto's object PUT/DELETE handlers, as S3 applies a conditional write atomically.
+
+    moto checks ``If-Match``/``If-None-Match`` and then stores the object in two
+    steps without a lock, so two racing conditional writes can both pass (real
+    S3 lets exactly one win). Both moto forms run in this process, so one lock
+    around the handlers gives them S3's semantics. Idempotent.
+    """
+    from moto.s3.responses import S3Response
+
+    for name in ("put_object", "delete_object"):
+        method = getattr(S3Response, name)
+        if getattr(method, "_atomic", False):
+            continue
+
+        def locked(self: Any, *args: Any, __method: Any = method, **kwargs: Any) -> Any:
+            with _MOTO_WRITE_LOCK:
+                return __method(self, *args, **kwargs)
+
+        locked._atomic = True  # type: ignore[attr-defined]
+        setattr(S3Response, name, locked)
 
 
 def make_s3_client(endpoint_url: str | None = None) -> Any:
@@ -54,18 +96,23 @@ def make_s3_client(endpoint_url: str | None = None) -> Any:
     )
 
 
-def _backend(endpoint_url: str | None) -> Iterator[Any]:
-    from checkpointers.backends.s3 import S3Backend
+BUCKET = os.environ.get("S3_BUCKET", "checkpointers-test") if REAL_ENDPOINT else "checkpointers-test"
 
-    bucket = os.environ.get("S3_BUCKET", "checkpointers-test") if REAL_ENDPOINT else "checkpointers-test"
+
+def _client_with_bucket(endpoint_url: str | None) -> Any:
     client = make_s3_client(endpoint_url)
     try:
-        client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
+        client.create_bucket(Bucket=BUCKET)
+    except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
         pass
-    except client.exceptions.BucketAlreadyExists:
-        pass
-    backend = S3Backend(bucket, f"t-{uuid.uuid4().hex}", client=client, max_workers=8)
+    return client
+
+
+def _backend(client: Any) -> Iterator[Any]:
+    """A backend on a fresh random key prefix: empty, and invisible to other tests."""
+    from checkpointers.backends.s3 import S3Backend
+
+    backend = S3Backend(BUCKET, f"t-{uuid.uuid4().hex}", client=client, max_workers=8)
     try:
         yield backend
     finally:
@@ -89,22 +136,31 @@ def moto_server_url() -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture
-def s3_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """An S3Backend on moto in-process (or on ``S3_ENDPOINT_URL``)."""
+@pytest.fixture(scope="session")
+def s3_inprocess_client(_aws_env: None) -> Iterator[Any]:
+    """A boto3 client on moto's in-process mock, shared by the session (bucket created)."""
     if REAL_ENDPOINT:
-        yield from _backend(REAL_ENDPOINT)
+        yield _client_with_bucket(REAL_ENDPOINT)
         return
     from moto import mock_aws
 
-    _fake_credentials(monkeypatch)
     with mock_aws():
-        yield from _backend(None)
+        yield _client_with_bucket(None)
+
+
+@pytest.fixture(scope="session")
+def s3_http_client(_aws_env: None, moto_server_url: str) -> Any:
+    """A boto3 client on moto's HTTP server, shared by the session (bucket created)."""
+    return _client_with_bucket(moto_server_url)
 
 
 @pytest.fixture
-def s3_http_backend(monkeypatch: pytest.MonkeyPatch, moto_server_url: str) -> Iterator[Any]:
+def s3_backend(s3_inprocess_client: Any) -> Iterator[Any]:
+    """An S3Backend on moto in-process (or on ``S3_ENDPOINT_URL``), fresh key prefix."""
+    yield from _backend(s3_inprocess_client)
+
+
+@pytest.fixture
+def s3_http_backend(s3_http_client: Any) -> Iterator[Any]:
     """An S3Backend talking HTTP to moto's server on loopback (or ``S3_ENDPOINT_URL``)."""
-    if not REAL_ENDPOINT:
-        _fake_credentials(monkeypatch)
-    yield from _backend(moto_server_url)
+    yield from _backend(s3_http_client)

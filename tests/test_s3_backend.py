@@ -1,0 +1,420 @@
+"""S3-specific tests: raw-bucket isolation, crash between staged parts and the
+visible record, injected throttling and 5xx, request counts, conditional-write
+refusal, error translation.
+
+The shared contract, isolation and LangGraph bodies already run on S3 (both
+moto forms) through the ``backend`` fixture; this file covers what only S3 has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from checkpointers._flows import make_put
+from checkpointers._names import Partition
+from checkpointers.backends.base import ListQuery, Mode
+from checkpointers.backends.s3 import (
+    ConditionalWritesUnsupportedError,
+    S3Backend,
+    _invert,
+    translate_errors,
+)
+from checkpointers.errors import BackendUnavailableError
+from tests.plugins.s3_plugin import BUCKET, REGION
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Raw:
+    """The ``raw`` of a canned botocore response."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._body
+
+
+def _error_response(status: int, code: str, message: str = "injected") -> AWSResponse:
+    body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+    return AWSResponse("http://injected", status, {"Content-Type": "application/xml"}, _Raw(body))
+
+
+class Faults:
+    """A botocore ``before-send`` hook answering chosen requests with an error.
+
+    ``when(request)`` picks the requests; ``times`` bounds how many get the
+    fault (None = all). ``hits`` counts injected faults.
+    """
+
+    def __init__(
+        self, backend: S3Backend, status: int, code: str, when: Callable[[Any], bool], times: int | None = None
+    ) -> None:
+        self.status, self.code, self.when, self.times = status, code, when, times
+        self.hits = 0
+        self.client = backend.client
+        self.client.meta.events.register_first("before-send.s3", self)
+
+    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+        if not self.when(request) or (self.times is not None and self.hits >= self.times):
+            return None
+        self.hits += 1
+        return _error_response(self.status, self.code)
+
+    def remove(self) -> None:
+        self.client.meta.events.unregister("before-send.s3", self)
+
+
+def _puts_to(marker: str) -> Callable[[Any], bool]:
+    """Requests that PUT an object whose key contains ``marker`` (already URL-quoted)."""
+    return lambda r: r.method == "PUT" and marker in r.url
+
+
+@pytest.fixture(params=["inprocess", "http"])
+def s3(request: pytest.FixtureRequest) -> Iterator[S3Backend]:
+    """A backend with its own client (own hooks, 3 attempts), fresh prefix, on both moto forms.
+
+    Injected faults differ between the two: in-process, moto still applies
+    the request and the fault replaces its response (a response lost after
+    the write landed); over HTTP the request never reaches the server.
+    """
+    client = request.getfixturevalue(f"s3_{request.param}_client")
+    endpoint = client.meta.endpoint_url
+    backend = S3Backend(
+        BUCKET,
+        f"t-{uuid.uuid4().hex}",
+        region_name=REGION,
+        max_attempts=3,
+        max_workers=8,
+        endpoint_url=None if "amazonaws.com" in endpoint else endpoint,
+    )
+    yield backend
+    backend.close()
+
+
+def _raw_keys(backend: S3Backend) -> list[str]:
+    pages = backend.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=backend.root)
+    return [o["Key"][len(backend.root) :] for page in pages for o in page.get("Contents", [])]
+
+
+# -- isolation on the raw bucket ------------------------------------------------
+
+ODD_IDS = ["t", "a/b", "..", "%2F", "../x", "é-ü-日本", "x" * 1000, ""]
+
+
+def test_users_never_share_a_prefix(s3: S3Backend) -> None:
+    users = ["alice", "alice2", "al/ice", "..", "%2F", "ü" * 1000]
+    for user in users:
+        for tid in ODD_IDS:
+            p = Partition(user, "langgraph", tid)
+            s3.write(p, [make_put("c/x", f"{user}|{tid}".encode()), make_put("w/y", b"w")])
+    keys = _raw_keys(s3)
+    assert len(keys) >= len(users) * len(ODD_IDS) * 2
+    prefixes = {u: Partition(u, "langgraph", "").user_key for u in users}
+    for key in keys:
+        owners = [u for u, pre in prefixes.items() if key.startswith(pre)]
+        assert len(owners) == 1, f"object {key!r} lies under the prefix of {owners}"
+    for user in users:
+        assert sorted(s3.partitions(user, "langgraph")) == sorted(ODD_IDS)
+        for tid in ODD_IDS:
+            got = s3.list(Partition(user, "langgraph", tid), ListQuery())
+            assert [r.value for r in got if r.name == "c/x"] == [f"{user}|{tid}".encode()]
+            assert len(got) == 2
+
+
+# -- crash between the staged parts and the visible record --------------------
+
+
+class Crash(BaseException):
+    """Stands for kill -9: raised from the hook, nothing after it runs."""
+
+
+def test_crash_before_visible_put_keeps_previous_checkpoint(s3: S3Backend) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from checkpointers.savers import Checkpointer
+
+    saver = Checkpointer(s3)
+    cfg = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    cp1 = empty_checkpoint()
+    cp1["channel_values"] = {"x": "one"}
+    cp1["channel_versions"] = {"x": "1"}
+    cfg1 = saver.put(cfg, cp1, {"step": 1}, {"x": "1"})
+    cp2 = empty_checkpoint()
+    cp2["channel_values"] = {"x": "two" * 100}
+    cp2["channel_versions"] = {"x": "2"}
+
+    blob_marker = quote("/r/" + _invert("b/"), safe="/~")
+    ckpt_marker = quote("/r/" + _invert("c/"), safe="/~")
+    blob_puts: list[str] = []
+
+    def crash(request: Any, **_: Any) -> None:
+        if request.method == "PUT" and blob_marker in request.url:
+            blob_puts.append(request.url)
+        if request.method == "PUT" and ckpt_marker in request.url:
+            raise Crash
+
+    s3.client.meta.events.register_first("before-send.s3", crash)
+    try:
+        with pytest.raises(Crash):
+            saver.put(cfg1, cp2, {"step": 2}, {"x": "2"})
+    finally:
+        s3.client.meta.events.unregister("before-send.s3", crash)
+    assert blob_puts, "the staged blob was not written before the crash"
+
+    latest = saver.get_tuple(cfg)
+    assert latest is not None and latest.checkpoint["id"] == cp1["id"]
+    assert latest.checkpoint["channel_values"] == {"x": "one"}
+    assert [t.checkpoint["id"] for t in saver.list(cfg)] == [cp1["id"]]
+    blobs = [k for k in _raw_keys(s3) if "/r/" + _invert("b/") in k]
+    assert len(blobs) == 2, "the orphan blob of the crashed put should be there"
+
+    saver.prune(["t1"])  # the documented cleanup: blobs no checkpoint references go
+    blobs = [k for k in _raw_keys(s3) if "/r/" + _invert("b/") in k]
+    assert len(blobs) == 1
+    again = saver.get_tuple(cfg)
+    assert again is not None and again.checkpoint["channel_values"] == {"x": "one"}
+
+
+def test_crash_mid_batch_is_rolled_forward_or_aborted(s3: S3Backend) -> None:
+    p = Partition("u", "items", "s")
+    s3.write(p, [make_put(n, b"old") for n in ("a", "b", "c")])
+    record_puts = "/r/"
+
+    # Crash after the manifest and the first record: readers roll it forward.
+    seen: list[str] = []
+
+    def crash_second(request: Any, **_: Any) -> None:
+        if request.method == "PUT" and record_puts in request.url:
+            seen.append(request.url)
+            if len(seen) == 2:
+                raise Crash
+
+    s3._io.shutdown()  # apply sequentially so "the second record PUT" is well defined
+    s3._io = _Inline()  # type: ignore[assignment]
+    _crash_during(s3, crash_second, lambda: s3.write(p, [make_put(n, b"new") for n in ("a", "b", "c")]))
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client)  # a new process: empty caches
+    assert [r.value for r in fresh.list(p, ListQuery())] == [b"new"] * 3
+    assert not [k for k in _raw_keys(s3) if "/tx/" in k], "the manifest was not cleaned up"
+
+    # Crash after the manifest, before any record: nothing is visible; recover aborts it.
+    def crash_first(request: Any, **_: Any) -> None:
+        if request.method == "PUT" and record_puts in request.url:
+            raise Crash
+
+    _crash_during(s3, crash_first, lambda: s3.write(p, [make_put(n, b"newer") for n in ("a", "b", "c")]))
+    assert [r.value for r in fresh.list(p, ListQuery())] == [b"new"] * 3
+    assert len([k for k in _raw_keys(s3) if "/tx/" in k]) == 1
+    fresh.lease = 0.0
+    assert fresh.recover(p) == (0, 1)
+    assert not [k for k in _raw_keys(s3) if "/tx/" in k]
+    assert [r.value for r in fresh.list(p, ListQuery())] == [b"new"] * 3
+    fresh.close()
+
+
+def _crash_during(s3: S3Backend, hook: Callable[..., None], action: Callable[[], Any]) -> None:
+    """Run ``action`` with ``hook`` on every request; it must end in ``Crash``."""
+    s3.client.meta.events.register_first("before-send.s3", hook)
+    try:
+        with pytest.raises(Crash):
+            action()
+    finally:
+        s3.client.meta.events.unregister("before-send.s3", hook)
+
+
+class _Inline:
+    """A stand-in executor running tasks in order on the calling thread."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # Crash (a BaseException) propagates at once
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+# -- throttling and 5xx --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError")])
+def test_transient_errors_are_retried(s3: S3Backend, status: int, code: str) -> None:
+    p = Partition("u", "items", "s")
+    faults = Faults(s3, status, code, _puts_to("/r/"), times=2)
+    try:
+        rec = s3.write(p, [make_put("k", b"v", mode=Mode.CREATE)]).records[0]
+    finally:
+        faults.remove()
+    assert faults.hits == 2
+    assert s3.get(p, ["k"]) == [rec]
+
+
+@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError")])
+def test_past_the_retry_bound_nothing_is_half_visible(
+    s3: S3Backend, status: int, code: str, request: pytest.FixtureRequest
+) -> None:
+    # Over HTTP the failed requests never arrive: the old state stays. In
+    # process, moto applies them and only the responses are lost: the batch's
+    # manifest and records landed, so the reader rolls it forward to the new
+    # state. Either way all three records agree.
+    landed = "inprocess" in request.node.callspec.id
+    p = Partition("u", "items", "s")
+    s3.write(p, [make_put(n, b"old") for n in ("a", "b", "c")])
+    faults = Faults(s3, status, code, _puts_to("/r/"))  # every record PUT fails
+    try:
+        with pytest.raises(BackendUnavailableError) as info:
+            s3.write(p, [make_put(n, b"new") for n in ("a", "b", "c")])
+    finally:
+        faults.remove()
+    assert faults.hits >= 3, "the failing request was not retried"
+    assert code in str(info.value) and info.value.__cause__ is not None
+    assert [r.value for r in s3.list(p, ListQuery())] == [b"new" if landed else b"old"] * 3
+    single = Faults(s3, status, code, _puts_to("/r/"))
+    try:
+        with pytest.raises(BackendUnavailableError):
+            s3.write(p, [make_put("d", b"x", mode=Mode.CREATE)])
+    finally:
+        single.remove()
+    got = s3.get(p, ["d"])[0]
+    assert (got is not None and got.value == b"x") if landed else got is None
+
+
+# -- request counts --------------------------------------------------------------
+
+
+def _latest_lookup_cost(backend: S3Backend, p: Partition) -> dict[str, int]:
+    backend.reset_counters()
+    got = backend.list(p, ListQuery(prefix="c/ns/", order="name", descending=True, limit=1))
+    assert len(got) == 1
+    return dict(backend.requests)
+
+
+def test_latest_lookup_cost_does_not_grow(s3: S3Backend) -> None:
+    p = Partition("u", "langgraph", "t")
+    history = [make_put(f"c/ns/{i:06d}", b"x", mode=Mode.APPEND, staged=True) for i in range(1000)]
+    s3.write(p, history[:10])
+    at_10 = _latest_lookup_cost(s3, p)
+    s3.write(p, history[10:])
+    s3.write(p, [make_put("c/other/zzz", b"x")])  # a neighbouring prefix must not leak in
+    at_1000 = _latest_lookup_cost(s3, p)
+    assert at_10 == at_1000 == {"ListObjectsV2": 1, "GetObject": 1}
+    latest = s3.list(p, ListQuery(prefix="c/ns/", order="name", descending=True, limit=1))
+    assert latest[0].name == "c/ns/000999"
+    s3.reset_counters()
+    s3.write(p, [make_put("b/blob", b"v", mode=Mode.APPEND, staged=True), make_put("c/ns/001000", b"x", mode=Mode.APPEND)])
+    assert dict(s3.requests) == {"PutObject": 2}, "a put costs new blobs + 1 PUT, no LIST"
+
+
+# -- conditional writes ------------------------------------------------------------
+
+
+def test_endpoint_without_conditional_writes_is_named(s3: S3Backend) -> None:
+    p = Partition("u", "items", "s")
+
+    def refuse(request: Any, **_: Any) -> AWSResponse | None:
+        if "If-None-Match" in request.headers or "If-Match" in request.headers:
+            return _error_response(501, "NotImplemented", "A header you provided implies functionality that is not implemented")
+        return None
+
+    s3.client.meta.events.register_first("before-send.s3", refuse)
+    try:
+        with pytest.raises(ConditionalWritesUnsupportedError) as info:
+            s3.write(p, [make_put("k", b"v", mode=Mode.CREATE)])
+        message = str(info.value)
+        assert s3.client.meta.endpoint_url in message and "If-None-Match" in message
+        assert "conditional_writes=False" in message
+        weak = S3Backend(BUCKET, s3.root, client=s3.client, conditional_writes=False)
+        rec = weak.write(p, [make_put("k2", b"v", mode=Mode.CREATE)]).records[0]
+        assert weak.write(p, [make_put("k2", b"w", mode=Mode.CREATE)]).conflict is not None
+        assert weak.get(p, ["k2"]) == [rec]
+    finally:
+        s3.client.meta.events.unregister("before-send.s3", refuse)
+
+
+# -- error translation --------------------------------------------------------------
+
+
+def _driver_errors() -> list[BaseException]:
+    from boto3.exceptions import S3UploadFailedError
+    from botocore import exceptions as e
+
+    url = "http://127.0.0.1:1"
+    return [
+        e.ClientError({"Error": {"Code": "SlowDown", "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"),
+        e.ClientError({"Error": {"Code": "InternalError", "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": 500}}, "GetObject"),
+        e.ClientError({"Error": {"Code": "NoSuchBucket", "Message": "m"}}, "ListObjectsV2"),
+        e.ClientError({"Error": {"Code": "AccessDenied", "Message": "m"}}, "GetObject"),
+        e.EndpointConnectionError(endpoint_url=url),
+        e.ConnectionClosedError(endpoint_url=url),
+        e.ReadTimeoutError(endpoint_url=url),
+        e.ConnectTimeoutError(endpoint_url=url),
+        e.SSLError(endpoint_url=url, error="bad"),
+        e.ProxyConnectionError(proxy_url=url, error="bad"),
+        e.ResponseStreamingError(error="reset"),
+        e.IncompleteReadError(actual_bytes=1, expected_bytes=2),
+        e.NoCredentialsError(),
+        e.PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"),
+        e.ParamValidationError(report="bad"),
+        S3UploadFailedError("upload failed"),
+    ]
+
+
+@pytest.mark.parametrize("error", _driver_errors(), ids=lambda x: type(x).__name__)
+def test_every_driver_error_is_translated(error: BaseException) -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        with translate_errors("http://endpoint bucket 'b'"):
+            raise error
+    assert info.value.__cause__ is error
+    assert "http://endpoint" in str(info.value)
+
+
+# -- misc ----------------------------------------------------------------------------
+
+
+def test_from_url() -> None:
+    b = S3Backend.from_url("s3://bkt/some/prefix?endpoint_url=http://127.0.0.1:9&region=eu-west-1&conditional_writes=false")
+    try:
+        assert (b.bucket, b.root, b.conditional_writes) == ("bkt", "some/prefix/", False)
+        assert b.client.meta.endpoint_url == "http://127.0.0.1:9"
+        assert b.client.meta.region_name == "eu-west-1"
+    finally:
+        b.close()
+
+
+async def test_async_calls_do_not_block_the_loop(s3: S3Backend) -> None:
+    p = Partition("u", "items", "s")
+    ticks = 0
+    gate = asyncio.Event()
+
+    def slow(request: Any, **_: Any) -> None:
+        import time
+
+        time.sleep(0.3)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not gate.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    s3.client.meta.events.register_first("before-send.s3", slow)
+    try:
+        task = asyncio.create_task(ticker())
+        await s3.awrite(p, [make_put("k", b"v")])
+        gate.set()
+        await task
+    finally:
+        s3.client.meta.events.unregister("before-send.s3", slow)
+    assert ticks >= 10, f"the loop ran only {ticks} ticks during a 0.3 s request"

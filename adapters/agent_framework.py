@@ -8,7 +8,7 @@ S3::
     from agent_framework import WorkflowBuilder
     from adapters.agent_framework import IsolatedCheckpointStorage
 
-    storage = IsolatedCheckpointStorage(
+    storage = IsolatedCheckpointStorage.from_url(
         "sqlite:///state.db",
         user="alice",
         allowed_checkpoint_types=["my_app.models:MyState"],
@@ -306,6 +306,15 @@ class IsolatedCheckpointStorage:
         self.refusals: list[RefusedSave] = []
         #: Number of refused saves since this storage was created.
         self.refused_saves = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> IsolatedCheckpointStorage:
+        """A storage over the backend ``url`` names (closed by :meth:`close`).
+
+        ``options`` are this class's keyword arguments (``user=``, ...) plus
+        any backend options for :func:`~checkpointers.backends.open_backend`.
+        """
+        return cls(url, **options)
 
     def for_user(self, user: str) -> IsolatedCheckpointStorage:
         """A storage for ``user`` sharing this one's backend and settings.

@@ -115,6 +115,8 @@ async def test_opens_a_backend_from_a_url() -> None:
         await storage.save(checkpoint)
         assert (await storage.load(checkpoint.checkpoint_id)).state == checkpoint.state
         assert storage.backend.kind == "memory"
+    async with IsolatedCheckpointStorage.from_url("memory://", user="bob") as other:
+        assert other.user == "bob" and await other.list_checkpoint_ids(workflow_name="wf") == []
 
 
 # -- real workflows, every backend ----------------------------------------------

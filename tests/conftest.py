@@ -44,12 +44,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Deep checks are deselected (not skipped) without --deep, so the summary
+    # never counts them as run: "N deselected" says what was left out.
     if config.getoption("--deep"):
         return
-    skip = pytest.mark.skip(reason="deep check: run with --deep")
-    for item in items:
-        if "deep" in item.keywords:
-            item.add_marker(skip)
+    deep = [item for item in items if "deep" in item.keywords]
+    if deep:
+        config.hook.pytest_deselected(items=deep)
+        items[:] = [item for item in items if "deep" not in item.keywords]
 
 
 @pytest.fixture

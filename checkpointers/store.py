@@ -30,6 +30,7 @@ from ._names import (
     Partition,
     check_size,
     check_tags,
+    decode_component,
     encode_prefixable,
     validate_key,
     validate_scope,
@@ -111,9 +112,8 @@ def _to_item(scope: str, key: str, record: Record) -> Item:
 
 
 def _key_of(record: Record) -> str:
-    from urllib.parse import unquote
-
-    return unquote(record.name[3:], errors="surrogatepass")
+    """The caller's key of an item record (inverse of :func:`_name`)."""
+    return decode_component(record.name[2:])  # type: ignore[return-value]
 
 
 class Batch:

@@ -3,13 +3,14 @@
 The shared contract runs against SQLite through the ``backend`` fixture; this
 file checks what only SQLite has: several processes on one file, ``kill -9``
 mid-batch, schema migrations, bytes altered on disk, driver-error translation,
-literal prefixes with ``%``/``_``, the tag index, and the sync/async faces
-sharing a file across event loops.
+literal prefixes with ``%``/``_``, the tag indexes (and their migration), and
+the sync/async faces sharing a file across event loops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import os
 import signal
@@ -221,6 +222,37 @@ def test_older_file_is_migrated_on_open(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"records", "tags", "partitions", "seq_counter", "schema_migrations"} <= tables
+
+
+def test_v1_file_gets_tag_seqs_backfilled(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    puts = [make_put(f"n{i}", b"v%d" % i, tags={"wf": "w" if i % 2 else "o"}) for i in range(6)]
+    seqs = [6 - i for i in range(6)]  # seq order is the reverse of name order
+    with sqlite3.connect(path) as conn:  # a file left at schema version 1, with tagged records
+        for v in (0, 1):
+            conn.executescript(MIGRATIONS[v])
+            conn.execute("INSERT INTO schema_migrations (v) VALUES (?)", (v,))
+        conn.executemany(
+            "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(P.key, p.name, s, p.etag, p.digest, json.dumps(p.tags), p.value) for p, s in zip(puts, seqs)],
+        )
+        conn.executemany(
+            "INSERT INTO tags VALUES (?, ?, ?, ?)",
+            [(P.key, p.name, json.dumps("wf"), json.dumps(p.tags["wf"])) for p in puts],
+        )
+        conn.execute("UPDATE seq_counter SET seq = 6")
+    with SqliteBackend(path) as backend:
+        newest = ListQuery(tags={"wf": "w"}, order="seq", descending=True, limit=2)
+        assert [r.name for r in backend.list(P, newest)] == ["n1", "n3"]
+        backend.write(P, [make_put("n5", b"again", tags={"wf": "w"})])
+        assert [r.name for r in backend.list(P, newest)] == ["n5", "n1"]
+    assert _versions(path) == list(range(len(MIGRATIONS)))
+    with sqlite3.connect(path) as conn:
+        stale = conn.execute(
+            "SELECT COUNT(*) FROM tags AS t JOIN records AS r ON r.pkey = t.pkey AND r.name = t.name "
+            "WHERE t.seq != r.seq"
+        ).fetchone()
+    assert stale == (0,)
 
 
 def test_reopening_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
@@ -490,18 +522,46 @@ def test_prefix_is_literal_with_percent_and_underscore(sqlite_backend: SqliteBac
     assert listed("%") == []
 
 
-def test_tag_queries_read_the_tag_index_not_the_partition(tmp_path: Path) -> None:
+def _plan(path: Path, query: ListQuery) -> str:
+    sql, params = _list_sql(P.key, query)
+    with sqlite3.connect(path) as conn:
+        return " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+
+
+def test_tag_queries_walk_the_tag_index_in_their_order(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
     with SqliteBackend(path) as backend:
-        backend.write(P, [make_put(f"n{i:03d}", b"v", tags={"kind": f"k{i % 10}", "x": "1"}) for i in range(100)])
-        query = ListQuery(tags={"kind": "k3", "x": "1"}, order="seq", descending=True, limit=4)
-        found = backend.list(P, query)
-        assert [r.name for r in found] == ["n093", "n083", "n073", "n063"]
-        sql, params = _list_sql(P.key, query)
-        with sqlite3.connect(path) as conn:
-            plan = " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
-    assert "tags_kv" in plan
-    assert "SCAN r" not in plan and "SCAN records" not in plan, plan
+        tags = [{"kind": f"k{i % 10}", "x": str(i % 4)} for i in range(100)]
+        backend.write(P, [make_put(f"n{i:03d}", b"v", tags=t) for i, t in enumerate(tags)])
+        backend.write(P, [make_put("n013", b"w", tags={"kind": "k3", "x": "1"})])  # now the newest k3
+        newest = ListQuery(tags={"kind": "k3"}, order="seq", descending=True, limit=1)
+        assert [r.name for r in backend.list(P, newest)] == ["n013"]
+        both = ListQuery(tags={"kind": "k3", "x": "1"}, order="seq", descending=True, limit=3)
+        assert [r.name for r in backend.list(P, both)] == ["n013", "n093", "n073"]
+        by_name = ListQuery(tags={"kind": "k3"}, order="name", descending=True, limit=2, prefix="n0")
+        assert [r.name for r in backend.list(P, by_name)] == ["n093", "n083"]
+    # "newest 1 with tag X" is a seek in tags_seq: no partition scan, no sort.
+    plan = _plan(path, newest)
+    assert "USING COVERING INDEX tags_seq (pkey=? AND k=? AND v=?)" in plan, plan
+    assert "TEMP B-TREE" not in plan and "SCAN" not in plan, plan
+    for query, index in [(both, "tags_seq"), (by_name, "tags_kv"), (ListQuery(tags={"x": "1"}), "tags_kv")]:
+        plan = _plan(path, query)
+        assert f"INDEX {index}" in plan and "TEMP B-TREE" not in plan and "SCAN" not in plan, plan
+
+
+def test_tag_rows_carry_their_records_seq_through_rewrites(sqlite_backend: SqliteBackend) -> None:
+    sqlite_backend.write(P, [make_put(n, n.encode(), tags={"w": "1", "n": n}) for n in "abc"])
+    sqlite_backend.write(P, [make_put("a", b"a2", tags={"w": "1"}), make_put("b", b"b", mode=Mode.APPEND)])
+    sqlite_backend.write(P, [make_put("c", b"c2", tags={"w": "2"})], [Delete("b")])
+    with sqlite3.connect(sqlite_backend.path) as conn:
+        rows = conn.execute(
+            "SELECT t.name, t.k, t.seq, r.seq FROM tags AS t LEFT JOIN records AS r "
+            "ON r.pkey = t.pkey AND r.name = t.name ORDER BY t.name, t.k"
+        ).fetchall()
+    assert [(name, k) for name, k, _, _ in rows] == [("a", '"w"'), ("c", '"w"')]  # b's tags went with it
+    assert all(tag_seq == record_seq for _, _, tag_seq, record_seq in rows), rows
+    newest = ListQuery(tags={"w": "1"}, order="seq", descending=True, limit=1)
+    assert [r.name for r in sqlite_backend.list(P, newest)] == ["a"]
 
 
 def test_seq_keeps_growing_after_the_newest_record_is_deleted(sqlite_backend: SqliteBackend) -> None:

@@ -42,9 +42,11 @@ Schema (version = position in :data:`MIGRATIONS`)
     one row per record, primary key ``(pkey, name)`` where ``pkey`` is
     :attr:`Partition.key`; ``value`` is the last column so reading metadata
     never touches a large value's overflow pages. Index ``(pkey, seq)``.
-``tags(pkey, name, k, v)``
-    one row per tag, indexed on ``(pkey, k, v, name)``, kept in the same
-    transaction as ``records``: a tag query reads only the matching names.
+``tags(pkey, name, k, v, seq)``
+    one row per tag, written in the same transaction as ``records`` and
+    rewritten with it (so ``seq`` is always the record's). Indexed on
+    ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a tag query walks the
+    index of its order and, with a limit, stops after that many matches.
 ``partitions(pkey, user_key, name)``
     the raw partition name of every non-empty partition (``Partition.key``
     hashes long names, so they cannot be decoded back); a row is removed when
@@ -153,6 +155,15 @@ MIGRATIONS: list[str] = [
         seq INTEGER NOT NULL
     );
     INSERT INTO seq_counter (id, seq) VALUES (0, 0)
+    """,
+    # v2: each tag row carries its record's seq, indexed, so "the newest N
+    # with tag X" walks an index and stops after N (backfilled from records).
+    """
+    ALTER TABLE tags ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    UPDATE tags SET seq = (
+        SELECT r.seq FROM records AS r WHERE r.pkey = tags.pkey AND r.name = tags.name
+    );
+    CREATE INDEX tags_seq ON tags (pkey, k, v, seq)
     """,
 ]
 
@@ -433,9 +444,9 @@ def _write(
         retagged = [puts[i].name for i in applied] + [d.name for d in deletes]
         conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
         conn.executemany(
-            "INSERT INTO tags (pkey, name, k, v) VALUES (?, ?, ?, ?)",
+            "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)",
             [
-                (pkey, puts[i].name, _text(k), _text(v))
+                (pkey, puts[i].name, _text(k), _text(v), seqs[i])
                 for i in applied
                 for k, v in puts[i].tags.items()
             ],
@@ -454,16 +465,16 @@ def _write(
 
 
 def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
-    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, tags via their index.
+    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, in index order.
 
-    Two phases: the inner query picks the rowids (filters, order, limit) while
-    reading only the small columns; the outer one reads the values of just
-    those rows. With tags, the inner query starts from the ``tags_kv`` index
-    (``CROSS JOIN`` fixes that join order in SQLite), so a tag filter reads
-    the matching names, not the whole partition.
+    Without tags, two phases: the inner query picks the rowids (filters,
+    order, limit) while reading only the small columns; the outer one reads
+    the values of just those rows. With tags, see :func:`_tagged_list_sql`.
     """
     if query.order not in ("name", "seq"):
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
+    if query.tags:
+        return _tagged_list_sql(pkey, query)
     order = f"r.{query.order} {'DESC' if query.descending else 'ASC'}"
     source = "records AS r"
     if query.order == "seq" and query.limit is not None:
@@ -473,36 +484,70 @@ def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
         # the sort). A prefix matching few records among many costs a scan
         # of the partition's seq index, never a read of values.
         source = "records AS r INDEXED BY records_seq"
-    where = ["r.pkey = ?"]
-    params: list[Any] = []
-    if query.tags:
-        tagged = " INTERSECT ".join(
-            "SELECT name FROM tags WHERE pkey = ? AND k = ? AND v = ?" for _ in query.tags
-        )
-        source = f"({tagged}) AS t CROSS JOIN records AS r"
-        where.append("r.name = t.name")
-        for k, v in query.tags.items():
-            params += [pkey, _text(k), _text(v)]
-    params.append(pkey)
-    if query.prefix:
-        where.append("r.name >= ?")
-        params.append(query.prefix)
-        upper = _prefix_upper_bound(query.prefix)
-        if upper is not None:
-            where.append("r.name < ?")
-            params.append(upper)
-    if query.start is not None:
-        where.append(f"r.{query.order} >= ?")
-        params.append(query.start)
-    if query.stop is not None:
-        where.append(f"r.{query.order} < ?")
-        params.append(query.stop)
-    inner = f"SELECT r.rowid FROM {source} WHERE {' AND '.join(where)}"
+    ranges, range_params = _range_filters("r", query)
+    params: list[Any] = [pkey, *range_params]
+    inner = f"SELECT r.rowid FROM {source} WHERE {' AND '.join(['r.pkey = ?', *ranges])}"
     if query.limit is not None:  # the order only matters to pick the first ``limit``
         inner += f" ORDER BY {order} LIMIT ?"
         params.append(query.limit)
     cols = _COLUMNS if query.values else _META_COLUMNS
     return f"SELECT {cols} FROM records AS r WHERE r.rowid IN ({inner}) ORDER BY {order}", params
+
+
+def _tagged_list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
+    """A tag-filtered list, driven by the first tag's index in the query's order.
+
+    The rows of the first tag are walked in ``tags_seq`` (``pkey, k, v, seq``)
+    or ``tags_kv`` (``pkey, k, v, name``) order, so the ``ORDER BY`` is the
+    index order (no sort) and a limit stops the walk after that many matches:
+    "the newest record with tag X" is one index seek. Every other tag is
+    checked per row by a primary-key lookup, and prefix and range filters on
+    the tag row itself, before its record is read. A query whose first tag
+    matches many records but whose other tags match few walks the first
+    tag's rows; put the most selective tag first.
+    """
+    (k0, v0), *others = query.tags.items()
+    index = "tags_seq" if query.order == "seq" else "tags_kv"
+    where = ["t.pkey = ?", "t.k = ?", "t.v = ?"]
+    params: list[Any] = [pkey, _text(k0), _text(v0)]
+    for k, v in others:
+        where.append(
+            "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name "
+            "AND o.k = ? AND o.v = ?)"
+        )
+        params += [_text(k), _text(v)]
+    ranges, range_params = _range_filters("t", query)
+    where += [*ranges, "r.pkey = t.pkey", "r.name = t.name"]
+    params += range_params
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    sql = (
+        f"SELECT {cols} FROM tags AS t INDEXED BY {index} CROSS JOIN records AS r "
+        f"WHERE {' AND '.join(where)} ORDER BY t.{query.order} {'DESC' if query.descending else 'ASC'}"
+    )
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        params.append(query.limit)
+    return sql, params
+
+
+def _range_filters(alias: str, query: ListQuery) -> tuple[list[str], list[Any]]:
+    """``WHERE`` terms on ``alias`` and their parameters for the prefix and the start/stop range."""
+    where: list[str] = []
+    params: list[Any] = []
+    if query.prefix:
+        where.append(f"{alias}.name >= ?")
+        params.append(query.prefix)
+        upper = _prefix_upper_bound(query.prefix)
+        if upper is not None:
+            where.append(f"{alias}.name < ?")
+            params.append(upper)
+    if query.start is not None:
+        where.append(f"{alias}.{query.order} >= ?")
+        params.append(query.start)
+    if query.stop is not None:
+        where.append(f"{alias}.{query.order} < ?")
+        params.append(query.stop)
+    return where, params
 
 
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:

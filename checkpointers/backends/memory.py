@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from .._names import Partition
 from .base import (
@@ -21,8 +23,54 @@ from .base import (
 __all__ = ["MemoryBackend"]
 
 
+class _Part:
+    """One partition: records in seq order plus a sorted list of names.
+
+    ``records`` is a dict kept in write order (a rewrite moves the name to the
+    end), so iterating it, or ``reversed()`` of it, walks seq order; ``names``
+    is kept sorted with ``bisect`` for name order and prefix ranges. Both make
+    "newest N" and "prefix range" walks stop after N matches instead of
+    sorting the whole partition.
+    """
+
+    __slots__ = ("names", "raw", "records")
+
+    def __init__(self, raw: str) -> None:
+        self.raw = raw
+        self.records: dict[str, Record] = {}
+        self.names: list[str] = []
+
+    def put(self, record: Record) -> None:
+        if self.records.pop(record.name, None) is None:
+            bisect.insort(self.names, record.name)
+        self.records[record.name] = record
+
+    def delete(self, name: str) -> None:
+        if self.records.pop(name, None) is not None:
+            del self.names[bisect.bisect_left(self.names, name)]
+
+    def walk(self, query: ListQuery) -> Iterator[Record]:
+        """Candidates in the query's order (filters still to be applied)."""
+        if query.order == "seq":
+            order = reversed(self.records) if query.descending else iter(self.records)
+            yield from (self.records[n] for n in list(order))
+            return
+        lo, hi = query.prefix, None
+        if query.start is not None and str(query.start) > lo:
+            lo = str(query.start)
+        i = bisect.bisect_left(self.names, lo)
+        j = len(self.names)
+        if query.prefix:
+            j = bisect.bisect_left(self.names, query.prefix + "\U0010ffff")
+        if query.stop is not None:
+            j = min(j, bisect.bisect_left(self.names, str(query.stop)))
+        names = self.names[i:j]
+        for name in reversed(names) if query.descending else names:
+            yield self.records[name]
+
+
 class MemoryBackend(Backend):
-    """A dict of partitions guarded by one lock; async methods call the sync ones.
+    """Partitions in a dict guarded by one lock; async methods call the sync ones.
 
     Keys are the encoded :attr:`Partition.key`, exactly as the persistent
     backends key their data, so the isolation suite exercises the encoding.
@@ -31,65 +79,73 @@ class MemoryBackend(Backend):
     kind = "memory"
 
     def __init__(self) -> None:
-        self._data: dict[str, dict[str, Record]] = {}
-        self._names: dict[str, dict[str, str]] = {}  # user_key -> {partition key: raw name}
+        self._data: dict[str, _Part] = {}
+        self._users: dict[str, set[str]] = {}  # user_key -> partition keys
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         with self._lock:
-            records = self._data.get(partition.key, {})
-            return [records.get(n) for n in names]
+            part = self._data.get(partition.key)
+            return [part.records.get(n) if part else None for n in names]
 
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
         check_batch(puts, deletes)
+        key = partition.key
         with self._lock:
-            records = self._data.get(partition.key, {})
-            conflict, noops = evaluate(puts, deletes, records)
+            part = self._data.get(key)
+            conflict, noops = evaluate(puts, deletes, part.records if part else {})
             if conflict is not None:
                 return WriteResult(records=[], conflict=conflict)
-            records = self._data.setdefault(partition.key, {})
-            self._names.setdefault(partition.user_key, {})[partition.key] = partition.name
+            if part is None:
+                part = self._data[key] = _Part(partition.name)
+                self._users.setdefault(partition.user_key, set()).add(key)
             out: list[Record] = []
             for i, put in enumerate(puts):
                 if i in noops:
-                    out.append(records[put.name])
+                    out.append(part.records[put.name])
                     continue
                 rec = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, next(self._seq))
-                records[put.name] = rec
+                part.put(rec)
                 out.append(rec)
             for d in deletes:
-                records.pop(d.name, None)
-            if not records:
+                part.delete(d.name)
+            if not part.records:
                 self._forget(partition)
             return WriteResult(records=out)
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
+        found: list[Record] = []
+        if query.limit == 0:
+            return found
         with self._lock:
-            found = [r for r in self._data.get(partition.key, {}).values() if query.matches(r)]
-        found.sort(key=query.sort_key, reverse=query.descending)
-        if query.limit is not None:
-            found = found[: query.limit]
-        if not query.values:
-            found = [Record(r.name, b"", r.tags, r.etag, r.digest, r.seq) for r in found]
+            part = self._data.get(partition.key)
+            if part is None:
+                return found
+            for record in part.walk(query):
+                if query.matches(record):
+                    found.append(record if query.values else replace(record, value=b""))
+                    if query.limit is not None and len(found) >= query.limit:
+                        break
         return found
 
     def partitions(self, user: str, space: str) -> list[str]:
         probe = Partition(user, space, "")
         with self._lock:
-            return sorted(self._names.get(probe.user_key, {}).values())
+            keys = self._users.get(probe.user_key, ())
+            return sorted(self._data[k].raw for k in keys)
 
     def drop(self, partition: Partition) -> int:
         with self._lock:
-            n = len(self._data.get(partition.key, {}))
+            part = self._data.get(partition.key)
             self._forget(partition)
-            return n
+            return len(part.records) if part else 0
 
     def _forget(self, partition: Partition) -> None:
         self._data.pop(partition.key, None)
-        self._names.get(partition.user_key, {}).pop(partition.key, None)
+        self._users.get(partition.user_key, set()).discard(partition.key)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         return self.get(partition, names)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .properties import run_property
-from .strategies import distinct_pairs, thread_ids, user_ids
+from .strategies import thread_ids, user_pairs
 
 __all__ = ["AGENT_FRAMEWORK_CHECKS", "StorageFor", "check_agent_framework_isolation"]
 
@@ -80,7 +80,7 @@ async def check_agent_framework_isolation(storage_for: StorageFor) -> None:
         await _scenario(storage_for, users, workflow)
 
     await run_property(
-        body, {"users": distinct_pairs(user_ids(), keep=lambda s: True), "workflow": thread_ids()}
+        body, {"users": user_pairs(), "workflow": thread_ids()}
     )
 
 

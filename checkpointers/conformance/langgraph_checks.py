@@ -23,7 +23,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from .properties import run_property
-from .strategies import distinct_pairs, namespaces, thread_ids, user_ids
+from .strategies import distinct_pairs, namespaces, thread_ids, user_pairs
 
 __all__ = ["LANGGRAPH_CHECKS", "check_langgraph_isolation", "SaverFor"]
 
@@ -169,7 +169,7 @@ async def check_langgraph_isolation(saver_for: SaverFor) -> str:
     await run_property(
         body,
         {
-            "users": distinct_pairs(user_ids(), keep=lambda s: True),
+            "users": user_pairs(),
             "threads": distinct_pairs(thread_ids()),
             "ns": namespaces(),
             "sync": st.booleans(),

@@ -36,7 +36,7 @@ from .strategies import (
     distinct_pairs,
     item_keys,
     scope_names,
-    user_ids,
+    user_pairs,
 )
 
 __all__ = [
@@ -205,7 +205,7 @@ async def check_prop_backend_isolation(backend: Backend) -> None:
     await run_property(
         body,
         {
-            "users": distinct_pairs(user_ids(), keep=lambda s: True),
+            "users": user_pairs(),
             "parts": st.lists(any_text(), min_size=1, max_size=3, unique=True),
             "names": st.lists(backend_names(), min_size=1, max_size=3, unique=True),
             "sync": st.booleans(),
@@ -245,7 +245,7 @@ async def check_prop_store_isolation(api: Api) -> None:
     await run_property(
         body,
         {
-            "users": distinct_pairs(user_ids(), keep=lambda s: True),
+            "users": user_pairs(),
             "scope": scope_names(),
             "keys": st.lists(item_keys(), min_size=1, max_size=3, unique=True).filter(
                 lambda ks: not any(k.startswith("steps/") for k in ks)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from .._names import MAX_KEY_LENGTH, MAX_SCOPE_LENGTH
+from .._names import MAX_KEY_LENGTH, MAX_SCOPE_LENGTH, MAX_USER_LENGTH
 
 __all__ = [
     "HOSTILE_ATOMS",
@@ -65,6 +65,16 @@ def any_text() -> st.SearchStrategy[str]:
 def user_ids() -> st.SearchStrategy[str]:
     """User ids: hostile, empty (the anonymous user) or 1,000 characters."""
     return st.one_of(hostile_text(), hostile_text(), st.sampled_from(_LONG))
+
+
+def valid_user(user: str) -> bool:
+    """Whether ``user`` is within the user-id limit (twins of long ids can exceed it)."""
+    return len(user) <= MAX_USER_LENGTH
+
+
+def user_pairs() -> st.SearchStrategy[tuple[str, str]]:
+    """Two different, often confusable user ids, both valid (the empty one included)."""
+    return distinct_pairs(user_ids(), keep=valid_user)
 
 
 def thread_ids() -> st.SearchStrategy[str]:

@@ -31,6 +31,7 @@ __all__ = [
     "Flow",
     "GetOp",
     "ListOp",
+    "Parallel",
     "PartitionsOp",
     "WriteOp",
     "arun",
@@ -116,7 +117,28 @@ class DropOp:
         return await b.adrop(self.partition)
 
 
-Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp
+@dataclass(frozen=True)
+class Parallel:
+    """Independent operations run together; yielding it gives their results, in order.
+
+    The operations must not depend on one another (none reads what another
+    writes): a backend may run them in any order or at once. The default
+    (:meth:`Backend.many`) runs them one by one in sync code and concurrently
+    in async code; Redis sends them all in one pipeline (one round trip)::
+
+        blobs, writes = yield Parallel((GetOp(p, names), ListOp(p, query)))
+    """
+
+    ops: tuple[GetOp | WriteOp | ListOp | PartitionsOp | DropOp, ...]
+
+    def call(self, b: Backend) -> tuple[Any, ...]:
+        return tuple(b.many(self.ops))
+
+    async def acall(self, b: Backend) -> tuple[Any, ...]:
+        return tuple(await b.amany(self.ops))
+
+
+Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp | Parallel
 Flow = Generator[Op, Any, T]
 
 

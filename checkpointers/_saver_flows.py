@@ -54,6 +54,7 @@ from ._flows import (
     Flow,
     GetOp,
     ListOp,
+    Parallel,
     PartitionsOp,
     WriteOp,
     digest,
@@ -78,6 +79,9 @@ _OVERFLOW = "~overflow"
 _PRIORITY = ("run_id", "source", "step")
 _FORMAT = 1
 _CACHE_SIZE = 1024
+#: Up to this many checkpoints of one namespace get one writes listing each;
+#: more share one listing of the namespace's writes.
+_PER_CHECKPOINT_LISTINGS = 64
 
 
 # -- names --------------------------------------------------------------------
@@ -418,31 +422,39 @@ class SaverFlows:
         return found[0]
 
     def _hydrate(self, p: Partition, stored: Sequence[Stored]) -> Flow[list[Found]]:
-        """Load the blobs (one get) and the pending writes of checkpoints of one thread."""
+        """Load the blobs and the pending writes of checkpoints of one thread.
+
+        One :class:`Parallel` step: a get of every blob, and a listing of the
+        writes per checkpoint (or, for many checkpoints of one namespace, one
+        listing of the namespace's writes).
+        """
         where = f"thread {p.name!r}"
         digests = sorted({d for s in stored for d in s.blobs.values()})
+        by_ns: dict[str, list[Stored]] = {}
+        for s in stored:
+            by_ns.setdefault(s.ns, []).append(s)
+        prefixes: list[str] = []
+        for ns, group in by_ns.items():
+            if len(group) > _PER_CHECKPOINT_LISTINGS:
+                prefixes.append(f"{_WRITE}{enc(ns)}/")
+            else:
+                prefixes.extend(writes_prefix(s.ns, s.cid) for s in group)
+        ops: list[Any] = [ListOp(p, ListQuery(prefix=pre)) for pre in prefixes]
+        if digests:
+            ops.append(GetOp(p, [_blob_name(d) for d in digests]))
+        results = yield Parallel(tuple(ops))
         values: dict[str, Any] = {}
         if digests:
-            recs = yield GetOp(p, [_blob_name(d) for d in digests])
-            for d, rec in zip(digests, recs):
+            for d, rec in zip(digests, results[-1]):
                 if rec is None:
                     raise CorruptItemError(_blob_name(d), f"blob referenced by a checkpoint of {where} is missing")
                 if rec.digest != d:
                     raise CorruptItemError(_blob_name(d), "stored digest does not match its name")
                 values[d] = self._load(f"blob {d} of {where}", rec)
-        by_ns: dict[str, list[Stored]] = {}
-        for s in stored:
-            by_ns.setdefault(s.ns, []).append(s)
         writes: dict[str, list[Record]] = {}
-        for ns, group in by_ns.items():
-            if len(group) > 4:  # one listing for the namespace beats one per checkpoint
-                recs = yield ListOp(p, ListQuery(prefix=f"{_WRITE}{enc(ns)}/"))
-                for rec in recs:
-                    writes.setdefault(rec.name.rsplit("/", 2)[0] + "/", []).append(rec)
-            else:
-                for s in group:
-                    pre = writes_prefix(s.ns, s.cid)
-                    writes[pre] = yield ListOp(p, ListQuery(prefix=pre))
+        for recs in results[: len(prefixes)]:
+            for rec in recs:
+                writes.setdefault(rec.name.rsplit("/", 2)[0] + "/", []).append(rec)
         out: list[Found] = []
         for s in stored:
             pending = []
@@ -500,8 +512,8 @@ class SaverFlows:
                 prefix = ckpt_prefix(ns) if ns is not None else _CKPT
                 queries = _filter_queries(prefix, flt, descending=True, stop=None, limit=None)
             seen: dict[str, Record] = {}
-            for q in queries:
-                for rec in (yield ListOp(p, q)):
+            for recs in (yield Parallel(tuple(ListOp(p, q) for q in queries))):
+                for rec in recs:
                     seen.setdefault(rec.name, rec)
             for rec in seen.values():
                 s = self._stored(rec, f"thread {p.name!r}")

@@ -23,7 +23,7 @@ import redis.exceptions as rex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpointers._flows import make_put
+from checkpointers._flows import GetOp, ListOp, Parallel, WriteOp, arun, make_put, run
 from checkpointers._names import Partition, encode_component
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put, WriteResult
 from checkpointers.backends.memory import MemoryBackend
@@ -116,6 +116,101 @@ def test_round_trips_do_not_grow_with_history(redis_backend: RedisBackend, histo
     n, tagged = trips(lambda: b.list(p, ListQuery(tags={"kind": "odd"}, order="seq", descending=True, limit=2)))
     odd = [i for i in range(history) if i % 2][-2:][::-1]
     assert n == 1 and [r.name for r in tagged] == [f"c/_{i:06d}" for i in odd]
+
+
+def _checkpoint(i: int, counter: int) -> dict:  # type: ignore[type-arg]
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    c = empty_checkpoint()
+    c["id"] = str(uuid6(clock_seq=i))
+    c["channel_versions"] = {"counter": counter, "log": i + 1}
+    c["channel_values"] = {"counter": counter, "log": f"entry {i}"}
+    return c
+
+
+@pytest.mark.parametrize("history", [10, 2000])
+def test_latest_get_tuple_and_list_cost_two_round_trips(redis_backend: RedisBackend, history: int) -> None:
+    """list latest record, then blobs + writes together (one pipeline): 2 whatever the history."""
+    from checkpointers.savers import Checkpointer
+
+    b = redis_backend
+    saver = Checkpointer(b, user="rt")
+    config: dict = {"configurable": {"thread_id": f"t-{history}", "checkpoint_ns": ""}}  # type: ignore[type-arg]
+    for i in range(history):
+        new = {"log": i + 1} if i % 7 else {"log": i + 1, "counter": i // 7}
+        config = saver.put(config, _checkpoint(i, i // 7), {"source": "loop", "step": i}, new)
+        if i % 3 == 0 or i == history - 1:
+            saver.put_writes(config, [("log", f"w{i}"), ("counter", i)], f"task-{i}")
+    latest_id = config["configurable"]["checkpoint_id"]
+    thread = {"configurable": {"thread_id": f"t-{history}"}}
+    saver.get_tuple(thread)  # the first use of a script loads it (NOSCRIPT -> EVAL)
+
+    before = b.round_trips
+    got = saver.get_tuple(thread)
+    assert b.round_trips - before == 2
+    assert got is not None and got.config["configurable"]["checkpoint_id"] == latest_id
+    assert got.checkpoint["channel_values"] == {"counter": (history - 1) // 7, "log": f"entry {history - 1}"}
+    assert got.pending_writes == [(f"task-{history - 1}", "log", f"w{history - 1}"),
+                                  (f"task-{history - 1}", "counter", history - 1)]  # fmt: skip
+
+    before = b.round_trips
+    got = asyncio.run(saver.aget_tuple(thread))
+    assert b.round_trips - before == 2 and got is not None
+    assert got.config["configurable"]["checkpoint_id"] == latest_id
+
+    before = b.round_trips
+    listed = list(saver.list(thread, limit=10))
+    assert b.round_trips - before == 2
+    assert len(listed) == 10 and listed[0].config["configurable"]["checkpoint_id"] == latest_id
+    with_writes = [t for t in listed if t.pending_writes]
+    assert with_writes and all(len(t.pending_writes) == 2 for t in with_writes)
+
+
+def test_many_sends_independent_operations_in_one_pipeline(redis_backend: RedisBackend) -> None:
+    b, mem = redis_backend, MemoryBackend()
+    p, q = Partition("many", "items", "a"), Partition("many", "items", "b")
+    for backend in (b, mem):
+        backend.write(p, [make_put("x/1", b"1", tags={"t": "v"}), make_put("x/2", b"2")])
+        backend.write(q, [make_put("y", b"y")])
+
+    def ops() -> tuple:  # type: ignore[type-arg]
+        return (
+            GetOp(p, ["x/1", "x/3"]),
+            ListOp(p, ListQuery(prefix="x/", order="seq", descending=True)),
+            WriteOp(q, (make_put("z", b"z"),)),
+            WriteOp(q, (make_put("y", b"other", mode=Mode.CREATE),)),  # refused
+            GetOp(q, []),
+        )
+
+    def flow():  # noqa: ANN202
+        return (yield Parallel(ops()))
+
+    before = b.round_trips
+    got = run(flow(), b)
+    assert b.round_trips - before == 1
+    want = run(flow(), mem)
+    shape = lambda res: (  # noqa: E731
+        [None if r is None else (r.name, r.value) for r in res[0]],
+        [(r.name, r.value, dict(r.tags)) for r in res[1]],
+        [r.name for r in res[2].records],
+        (res[3].conflict.index, res[3].conflict.existing.value),
+        res[4],
+    )
+    assert shape(got) == shape(want)
+    assert [r.name for r in b.list(q, ListQuery())] == ["y", "z"]
+
+    # async, and a write that fills an empty partition (its registry HSET is a second step)
+    e = Partition("many", "items", "fresh")
+    before = b.round_trips
+    got = asyncio.run(arun(_parallel_flow(e, p), b))
+    assert b.round_trips - before == 2
+    assert [r.name for r in got[0].records] == ["k"] and [r.name for r in got[1]] == ["x/1", "x/2"]
+    assert b.partitions("many", "items") == ["a", "b", "fresh"]
+
+
+def _parallel_flow(e: Partition, p: Partition):  # noqa: ANN202
+    return (yield Parallel((WriteOp(e, (make_put("k", b"v"),)), ListOp(p, ListQuery()))))
 
 
 def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend) -> None:

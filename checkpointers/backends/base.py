@@ -14,6 +14,9 @@ each in a sync and an async form:
 ``drop(p)``               delete a whole partition (every record in it)
 ========================  ====================================================
 
+``many(ops)`` runs independent operations together; its default calls them
+one by one (async: concurrently), a backend overrides it to batch them.
+
 Guarantees a backend must give (the conformance suite checks them):
 
 * **Atomic batches.** ``write`` checks every condition first; if one fails,
@@ -35,10 +38,12 @@ Guarantees a backend must give (the conformance suite checks them):
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._names import Partition
 
@@ -271,6 +276,18 @@ class Backend(ABC):
     @abstractmethod
     async def adrop(self, partition: Partition) -> int:
         """Async :meth:`drop`."""
+
+    def many(self, ops: Sequence[Any]) -> list[Any]:
+        """Run independent operations (the flow ops of :mod:`checkpointers._flows`).
+
+        Returns their results in order. The default runs them one by one; a
+        backend may send them together (Redis: one pipeline, one round trip).
+        """
+        return [op.call(self) for op in ops]
+
+    async def amany(self, ops: Sequence[Any]) -> list[Any]:
+        """Async :meth:`many`; the default runs them concurrently (``asyncio.gather``)."""
+        return list(await asyncio.gather(*(op.acall(self) for op in ops)))
 
     def close(self) -> None:
         """Release connections (idempotent)."""

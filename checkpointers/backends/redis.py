@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import random
@@ -125,6 +126,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the Redis backend needs redis-py: pip install 'checkpointers[redis]'"
     ) from exc
 
+from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
 from .._names import Partition, encode_component
 from ..errors import BackendUnavailableError
 from .base import (
@@ -213,6 +215,22 @@ local function words(s)
   for w in string.gmatch(s, "[^ ]+") do out[#out + 1] = w end
   return out
 end
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
+-- one command over a long argument list, in chunks that unpack() can take;
+-- returns the concatenated replies of the chunks
+local function many(cmd, key, args)
+  local out = {}
+  for s = 1, #args, 4000 do
+    local reply = redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
+    if type(reply) == "table" then
+      for _, v in ipairs(reply) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
 """
 
 # KEYS: r n x t seq
@@ -226,18 +244,22 @@ local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ttl, np, nd = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local PW, DW = 9, 4
 local D0 = 3 + np * PW
-local stored, noop = {}, {}
 
--- 1. check every condition; refuse the whole batch at the first failure
+-- 1. read what is stored (one HMGET) and check every condition; refuse the
+--    whole batch at the first failure
+local fields = {}
+for i = 0, np - 1 do fields[#fields + 1] = "m:" .. ARGV[3 + i * PW + 1] end
+for j = 0, nd - 1 do fields[#fields + 1] = "m:" .. ARGV[D0 + j * DW + 1] end
+local stored = {}  -- 0-based like the conflict index; false where absent
+for k, meta in ipairs(many("HMGET", r, fields)) do stored[k - 1] = meta end
+local noop = {}
 local function refuse(i, name)
   local empty = redis.call("EXISTS", n) == 0 and 1 or 0
-  return {0, i, stored[i] or false, redis.call("HGET", r, "v:" .. name), empty}
+  return {0, i, stored[i], redis.call("HGET", r, "v:" .. name), empty}
 end
 for i = 0, np - 1 do
   local b = 3 + i * PW
-  local name, mode = ARGV[b + 1], ARGV[b + 2]
-  local meta = redis.call("HGET", r, "m:" .. name)
-  stored[i] = meta
+  local name, mode, meta = ARGV[b + 1], ARGV[b + 2], stored[i]
   if mode == "c" and meta then return refuse(i, name) end
   if mode == "i" then
     if not meta then return refuse(i, name) end
@@ -252,28 +274,33 @@ for i = 0, np - 1 do
 end
 for j = 0, nd - 1 do
   local b = D0 + j * DW
-  local name = ARGV[b + 1]
-  local meta = redis.call("HGET", r, "m:" .. name)
-  stored[np + j] = meta
+  local meta = stored[np + j]
   if ARGV[b + 2] == "1" then
-    if not meta then return refuse(np + j, name) end
+    if not meta then return refuse(np + j, ARGV[b + 1]) end
     local _, etag = meta_parts(meta)
-    if etag ~= ARGV[b + 3] then return refuse(np + j, name) end
+    if etag ~= ARGV[b + 3] then return refuse(np + j, ARGV[b + 1]) end
   end
 end
 
--- 2. apply every put and delete, keeping the indexes in step
+-- 2. apply: collect every index change, then one command per key (old
+--    index members go before new ones, which may be equal to them)
+local x_old, t_old, x_new, t_new, n_new, r_new, gone = {}, {}, {}, {}, {}, {}, {}
 local function unindex(name, meta, ancestors)
   local seq, _, _, pairs = meta_parts(meta)
   local s = pad(seq)
-  redis.call("ZREM", x, "|" .. s .. "|" .. name)
-  for _, a in ipairs(words(ancestors)) do redis.call("ZREM", x, a .. "|" .. s .. "|" .. name) end
+  x_old[#x_old + 1] = "|" .. s .. "|" .. name
+  for _, a in ipairs(words(ancestors)) do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
   for _, p in ipairs(words(pairs)) do
-    redis.call("ZREM", t, "s" .. p .. "|" .. s .. "|" .. name, "n" .. p .. "|" .. name)
+    t_old[#t_old + 1] = "s" .. p .. "|" .. s .. "|" .. name
+    t_old[#t_old + 1] = "n" .. p .. "|" .. name
   end
 end
+local applied = 0
+for i = 0, np - 1 do if not noop[i] then applied = applied + 1 end end
 local was_empty = redis.call("EXISTS", n) == 0 and 1 or 0
 local out = {1, was_empty, 0}
+local seq = 0
+if applied > 0 then seq = redis.call("INCRBY", seqkey, applied) - applied end
 for i = 0, np - 1 do
   local b = 3 + i * PW
   local name, pairs, ancestors = ARGV[b + 1], ARGV[b + 6], ARGV[b + 8]
@@ -281,15 +308,17 @@ for i = 0, np - 1 do
     out[#out + 1] = stored[i]
   else
     if stored[i] then unindex(name, stored[i], ancestors) end
-    local seq = redis.call("INCR", seqkey)
+    seq = seq + 1
     local s = pad(seq)
     local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
-    redis.call("HSET", r, "m:" .. name, meta, "v:" .. name, ARGV[b + 9])
-    redis.call("ZADD", n, 0, name)
-    redis.call("ZADD", x, 0, "|" .. s .. "|" .. name)
-    for _, a in ipairs(words(ancestors)) do redis.call("ZADD", x, 0, a .. "|" .. s .. "|" .. name) end
+    push(r_new, "m:" .. name, meta)
+    push(r_new, "v:" .. name, ARGV[b + 9])
+    push(n_new, 0, name)
+    push(x_new, 0, "|" .. s .. "|" .. name)
+    for _, a in ipairs(words(ancestors)) do push(x_new, 0, a .. "|" .. s .. "|" .. name) end
     for _, p in ipairs(words(pairs)) do
-      redis.call("ZADD", t, 0, "s" .. p .. "|" .. s .. "|" .. name, 0, "n" .. p .. "|" .. name)
+      push(t_new, 0, "s" .. p .. "|" .. s .. "|" .. name)
+      push(t_new, 0, "n" .. p .. "|" .. name)
     end
     out[#out + 1] = meta
   end
@@ -299,13 +328,25 @@ for j = 0, nd - 1 do
   local name = ARGV[b + 1]
   if stored[np + j] then
     unindex(name, stored[np + j], ARGV[b + 4])
-    redis.call("HDEL", r, "m:" .. name, "v:" .. name)
-    redis.call("ZREM", n, name)
+    push(gone, "m:" .. name, "v:" .. name)
   end
 end
+many("ZREM", x, x_old)
+many("ZREM", t, t_old)
+local n_old = {}
+for j = 0, nd - 1 do
+  if stored[np + j] then n_old[#n_old + 1] = ARGV[D0 + j * DW + 1] end
+end
+many("ZREM", n, n_old)
+many("HDEL", r, gone)
+many("HSET", r, r_new)
+many("ZADD", n, n_new)
+many("ZADD", x, x_new)
+many("ZADD", t, t_new)
 
 -- 3. an empty partition keeps no keys; a live one gets its expiry refreshed
-if redis.call("EXISTS", n) == 0 then
+--    (a batch that stored a put cannot have left it empty)
+if (nd > 0 or np == 0) and redis.call("EXISTS", n) == 0 then
   out[3] = 1
   redis.call("DEL", seqkey)
 elseif ttl > 0 then
@@ -462,7 +503,7 @@ class _Script:
 
     source: str
 
-    @property
+    @functools.cached_property
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
@@ -896,7 +937,7 @@ class RedisBackend(Backend):
                         pipe = self._pipeline(self._sync_client(), call, use_sha)
                         results = self._results(pipe.execute(raise_on_error=False), use_sha)
                         if results is not None:
-                            return _Reply(results, retried=attempt > 0)
+                            return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:
                     time.sleep(self._delay(exc, attempt))
                     attempt += 1
@@ -910,7 +951,7 @@ class RedisBackend(Backend):
                         pipe = self._pipeline(await self._async_client(), call, use_sha)
                         results = self._results(await pipe.execute(raise_on_error=False), use_sha)
                         if results is not None:
-                            return _Reply(results, retried=attempt > 0)
+                            return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:
                     await asyncio.sleep(self._delay(exc, attempt))
                     attempt += 1
@@ -1015,7 +1056,52 @@ class RedisBackend(Backend):
         yield from self._unregister_op(partition)
         return int(reply.values[0])
 
+    def _parallel_op(self, ops: Sequence[_Op]) -> _Op:
+        """Drive independent operations together: each round trip sends the
+        next call of every one still running, in one pipeline."""
+        results: list[Any] = [None] * len(ops)
+        pending: dict[int, _Call] = {}
+        for i, op in enumerate(ops):
+            try:
+                pending[i] = next(op)
+            except StopIteration as done:
+                results[i] = done.value
+        while pending:
+            reply = yield _Call([c for call in pending.values() for c in call.commands])
+            at, running = 0, {}
+            for i, call in pending.items():
+                part = _Reply(reply.values[at : at + len(call.commands)], reply.retried)
+                at += len(call.commands)
+                try:
+                    running[i] = ops[i].send(part)
+                except StopIteration as done:
+                    results[i] = done.value
+            pending = running
+        return results
+
+    def _op_of(self, op: Any) -> _Op:
+        """The round trips of one flow operation (see :class:`checkpointers._flows.Parallel`)."""
+        if isinstance(op, GetOp):
+            return self._get_op(op.partition, op.names)
+        if isinstance(op, ListOp):
+            return self._list_op(op.partition, op.query)
+        if isinstance(op, WriteOp):
+            return self._write_op(op.partition, op.puts, op.deletes)
+        if isinstance(op, PartitionsOp):
+            return self._partitions_op(op.user, op.space)
+        if isinstance(op, DropOp):
+            return self._drop_op(op.partition)
+        raise TypeError(f"RedisBackend.many cannot run {type(op).__name__} (nested Parallel?)")
+
     # -- the Backend interface ----------------------------------------------
+
+    def many(self, ops: Sequence[Any]) -> list[Any]:
+        """Independent operations in one pipeline per round trip (one for reads)."""
+        return self._run(self._parallel_op([self._op_of(op) for op in ops]))  # type: ignore[no-any-return]
+
+    async def amany(self, ops: Sequence[Any]) -> list[Any]:
+        """Async :meth:`many`."""
+        return await self._arun(self._parallel_op([self._op_of(op) for op in ops]))  # type: ignore[no-any-return]
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Records by name, one ``HMGET``."""

@@ -18,6 +18,7 @@ hash tags and S3 prefixes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -128,12 +129,14 @@ class Partition:
     space: str
     name: str
 
-    @property
+    # cached_property writes the instance __dict__ directly, so it works on a
+    # frozen dataclass; eq/hash only look at the fields.
+    @functools.cached_property
     def user_key(self) -> str:
         """``<user>/<space>/``: the prefix of every partition of this user+space."""
         return f"{encode_component(self.user)}/{encode_component(self.space)}/"
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """``<user>/<space>/<name>``: unique per partition, never a prefix of another."""
         return self.user_key + encode_component(self.name)

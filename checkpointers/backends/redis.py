@@ -19,11 +19,15 @@ which only uses ``[A-Za-z0-9_%/-]``, never a brace)::
 * ``<tag>`` is ``encode_component(k) + "=" + encode_component(v)``: tag keys
   and values are arbitrary strings, their encodings only use
   ``[A-Za-z0-9_%-]``, so they can break neither the member layout nor a key.
-* ``<anc>`` is ``""`` (every record) and each of the first four
-  ``/``-terminated prefixes of the name (``c/``, ``c/_ns/``, ...). A query in
+* ``<anc>`` is ``""`` (every record) and each of the first two
+  ``/``-terminated prefixes of the name (``c/``, ``c/_ns/``). A query in
   seq order for a prefix uses the longest such ancestor of the prefix, so
   ``list(prefix="c/_ns/", order="seq", descending=True, limit=1)`` reads one
-  member whatever the history length.
+  member whatever the history length. Deeper prefixes (a checkpoint's
+  writes) are listed in name order by every face; a seq-order query on one
+  reads the names under it and sorts them, or walks the ancestor's index,
+  whichever the counts say is cheaper. Every index member costs every
+  write, so only these two levels are kept.
 * ``<seq16>`` is the seq zero-padded to 16 digits, so lexicographic order is
   numeric order and every index is a plain score-0 zset read with
   ``ZRANGEBYLEX``.
@@ -144,7 +148,7 @@ from .base import (
 __all__ = ["DRIVER_ERRORS", "RedisBackend", "TRANSIENT_ERRORS", "is_transient", "translate_errors"]
 
 #: How many ``/``-terminated ancestors of a name get their own seq index.
-ANCESTOR_DEPTH = 4
+ANCESTOR_DEPTH = 2
 _SEQ_DIGITS = 16
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
 
@@ -562,7 +566,12 @@ def _ancestors(name: str) -> list[str]:
 
 def _tag_pairs(tags: Any) -> list[str]:
     """Index members of tags: ``enc(k)=enc(v)`` (no space, ``|``, ``{``, ``}``)."""
-    return [f"{encode_component(k)}={encode_component(v)}" for k, v in sorted(tags.items())]
+    return [_tag_pair(k, v) for k, v in sorted(tags.items())]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag_pair(key: str, value: str) -> str:
+    return f"{encode_component(key)}={encode_component(value)}"
 
 
 def _pad(seq: int) -> str:
@@ -573,7 +582,8 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
     seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
     if isinstance(name, bytes):
         name = name.decode("ascii")
-    return Record(name, value or b"", json.loads(tags), etag.decode(), digest.decode(), int(seq))
+    parsed = {} if tags == b"{}" else json.loads(tags)
+    return Record(name, value or b"", parsed, etag.decode(), digest.decode(), int(seq))
 
 
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}

@@ -224,6 +224,9 @@ def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend
     before = b.round_trips
     b.write(p, [make_put("c", b"3")])
     assert b.round_trips - before == 1  # cached again
+    before = b.round_trips
+    assert [r.name for r in b.list(p, ListQuery(limit=2))] == ["a", "b"]
+    assert b.round_trips - before == 1  # the other scripts were reloaded with the first
 
 
 # -- list strategies against the reference ------------------------------------

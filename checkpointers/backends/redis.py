@@ -41,8 +41,11 @@ Operations and round trips
 pipeline (registry ``HSET`` + the batch script), plus one ``HSET`` when it
 is the partition's first write and two or three registry commands when it
 leaves the partition empty; ``drop`` is one script plus those registry
-commands. The first use of a script on a server costs one more (``NOSCRIPT``,
-then ``EVAL``). :attr:`RedisBackend.round_trips` counts every pipeline
+commands. ``many`` drives independent operations together: each round trip
+carries the next step of every one of them in one pipeline, so a batch of
+reads costs one. The first use of a script on a server costs one more
+(``NOSCRIPT``, then ``EVAL``, which also reloads the other scripts on a
+standalone server). :attr:`RedisBackend.round_trips` counts every pipeline
 or command sent (a cluster pipeline that talks to several nodes at once
 counts as one).
 
@@ -515,6 +518,7 @@ class _Script:
 WRITE_SCRIPT = _Script(_WRITE_LUA)
 LIST_SCRIPT = _Script(_LIST_LUA)
 DROP_SCRIPT = _Script(_DROP_LUA)
+_SCRIPTS = (WRITE_SCRIPT, LIST_SCRIPT, DROP_SCRIPT)
 
 
 @dataclass(frozen=True)
@@ -935,6 +939,15 @@ class RedisBackend(Backend):
         pipe = client.pipeline(transaction=False)
         for command in call.commands:
             self._queue(pipe, command, use_sha)
+        if not use_sha and not self.cluster:
+            # The server lost its script cache (restart, fail-over, FLUSH):
+            # reload the other scripts on the way, so they do not each cost
+            # a NOSCRIPT round trip of their own. (A cluster routes SCRIPT
+            # LOAD to one node only: there each script reloads on first use.)
+            used = {c.script for c in call.commands if isinstance(c, _Eval)}
+            for script in _SCRIPTS:
+                if script not in used:
+                    pipe.execute_command("SCRIPT", "LOAD", script.source)
         self.round_trips += 1
         return pipe
 
@@ -945,7 +958,8 @@ class RedisBackend(Backend):
                 try:
                     for use_sha in (True, False):
                         pipe = self._pipeline(self._sync_client(), call, use_sha)
-                        results = self._results(pipe.execute(raise_on_error=False), use_sha)
+                        replies = pipe.execute(raise_on_error=False)[: len(call.commands)]
+                        results = self._results(replies, use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:
@@ -959,7 +973,8 @@ class RedisBackend(Backend):
                 try:
                     for use_sha in (True, False):
                         pipe = self._pipeline(await self._async_client(), call, use_sha)
-                        results = self._results(await pipe.execute(raise_on_error=False), use_sha)
+                        replies = (await pipe.execute(raise_on_error=False))[: len(call.commands)]
+                        results = self._results(replies, use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:

@@ -96,7 +96,12 @@ class Put:
     non-staged put of the same batch refers to it (a content-addressed blob).
     A backend without multi-record transactions (S3) may write staged puts
     first, outside the atomic unit; a crash then leaves only unreferenced
-    records, which ``prune`` removes. Staged puts must use ``Mode.APPEND``.
+    records, which ``prune`` removes. Staged puts must use ``Mode.APPEND``
+    and be **content-addressed**: their name is derived from their digest, so
+    one name always means the same bytes. A backend may therefore write them
+    with a plain set-if-absent, outside its conditional script or transaction,
+    without comparing digests; they must still be listed, read and dropped
+    like any other record.
     """
 
     name: str

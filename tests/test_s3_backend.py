@@ -19,7 +19,7 @@ from botocore.awsrequest import AWSResponse
 
 from checkpointers._flows import make_put
 from checkpointers._names import Partition
-from checkpointers.backends.base import ListQuery, Mode
+from checkpointers.backends.base import Delete, ListQuery, Mode
 from checkpointers.backends.s3 import (
     ConditionalWritesUnsupportedError,
     S3Backend,
@@ -315,6 +315,117 @@ def test_latest_lookup_cost_does_not_grow(s3: S3Backend) -> None:
     s3.reset_counters()
     s3.write(p, [make_put("b/blob", b"v", mode=Mode.APPEND, staged=True), make_put("c/ns/001000", b"x", mode=Mode.APPEND)])
     assert dict(s3.requests) == {"PutObject": 2}, "a put costs new blobs + 1 PUT, no LIST"
+
+
+def _cost(backend: S3Backend, action: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    backend.reset_counters()
+    result = action()
+    return result, dict(backend.requests)
+
+
+def test_append_batch_costs_no_reads(s3: S3Backend) -> None:
+    # put_writes: several APPENDs on new names are written without a pre-read;
+    # the manifest's DELETE commits them. Same cost at 10 and 1,000 records.
+    p = Partition("u", "langgraph", "t")
+    s3.write(p, [make_put(f"w/{i:04d}", b"x", mode=Mode.APPEND) for i in range(10)])
+    writes = [make_put(f"w/new/{i}", f"v{i}".encode(), mode=Mode.APPEND) for i in range(2)]
+    result, at_10 = _cost(s3, lambda: s3.write(p, writes))
+    assert at_10 == {"PutObject": 3, "DeleteObject": 1}
+    assert s3.get(p, [w.name for w in writes]) == list(result.records)
+    s3.write(p, [make_put(f"w/{i:04d}", b"x", mode=Mode.APPEND) for i in range(10, 1000)])
+    more = [make_put(f"w/more/{i}", b"y", mode=Mode.APPEND) for i in range(2)]
+    _, at_1000 = _cost(s3, lambda: s3.write(p, more))
+    assert at_1000 == at_10
+    assert not [k for k in _raw_keys(s3) if "/tx/" in k]
+
+    # An identical re-put is a no-op returning the stored records; a different
+    # value is a conflict that leaves nothing of the batch behind.
+    again = s3.write(p, [make_put(w.name, w.value, mode=Mode.APPEND) for w in writes])
+    assert again.conflict is None and list(again.records) == list(result.records)
+    fresh = make_put("w/new/fresh", b"f", mode=Mode.APPEND)
+    clash = s3.write(p, [fresh, make_put(writes[1].name, b"other", mode=Mode.APPEND)])
+    assert clash.conflict is not None and clash.conflict.index == 1
+    assert clash.conflict.existing == result.records[1]
+    assert s3.get(p, [fresh.name, writes[1].name]) == [None, result.records[1]]
+    assert not [k for k in _raw_keys(s3) if "/tx/" in k or _invert("w/new/fresh") in k]
+
+
+def test_crash_mid_append_batch_stays_invisible(s3: S3Backend) -> None:
+    p = Partition("u", "langgraph", "t")
+    seen: list[str] = []
+
+    def crash_second(request: Any, **_: Any) -> None:
+        if request.method == "PUT" and "/r/" in request.url:
+            seen.append(request.url)
+            if len(seen) == 2:
+                raise Crash
+
+    s3._io.shutdown()
+    s3._io = _Inline()  # type: ignore[assignment]
+    names = ["w/a", "w/b", "w/c"]
+    _crash_during(s3, crash_second, lambda: s3.write(p, [make_put(n, b"v", mode=Mode.APPEND) for n in names]))
+    assert len([k for k in _raw_keys(s3) if "/r/" in k]) == 1, "the first record should have landed"
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client)  # a new process: empty caches
+    assert fresh.get(p, names) == [None, None, None]
+    assert fresh.list(p, ListQuery()) == []
+    assert fresh.recover(p) == (0, 0), "a batch younger than the lease is left alone"
+    fresh.lease = 0.0
+    assert fresh.recover(p) == (0, 1)
+    assert not [k for k in _raw_keys(fresh) if "/r/" in k or "/tx/" in k]
+    rec = fresh.write(p, [make_put(n, b"w", mode=Mode.APPEND) for n in names]).records
+    assert fresh.get(p, names) == list(rec)
+    fresh.close()
+
+
+def _newest(backend: S3Backend, p: Partition, workflow: str, **options: Any) -> list[Any]:
+    q = ListQuery(prefix="c/", order="seq", descending=True, tags={"workflow": workflow}, **options)
+    return backend.list(p, q)
+
+
+def _saves(lo: int, hi: int, mode: Mode = Mode.APPEND) -> list[Any]:
+    return [make_put(f"c/{i:05d}", f"{i}".encode(), tags={"workflow": "w" if i % 2 else "v"}, mode=mode) for i in range(lo, hi)]
+
+
+def test_tag_indexed_latest_cost_does_not_grow(s3: S3Backend) -> None:
+    # The Agent Framework's get_latest: newest record with workflow=w, by seq.
+    p = Partition("u", "agent_framework", "checkpoints")
+    for put in _saves(0, 10):
+        s3.write(p, [put])
+    got, at_10 = _cost(s3, lambda: _newest(s3, p, "w", limit=1))
+    assert [r.name for r in got] == ["c/00009"] and at_10 == {"ListObjectsV2": 1, "GetObject": 1}
+    s3.write(p, _saves(10, 1000))
+    got, at_1000 = _cost(s3, lambda: _newest(s3, p, "w", limit=1))
+    assert [r.name for r in got] == ["c/00999"] and at_1000 == at_10
+    _, save_cost = _cost(s3, lambda: s3.write(p, _saves(1001, 1002)))
+    assert save_cost == {"PutObject": 2}, "a save costs its record + one index entry"
+
+
+def test_tag_index_skips_rewritten_and_deleted_records(s3: S3Backend) -> None:
+    p = Partition("u", "agent_framework", "checkpoints")
+    for put in _saves(0, 12):
+        s3.write(p, [put])
+    unindexed = S3Backend(BUCKET, s3.root, client=s3.client, indexed_tags=())
+    s3.write(p, [make_put("c/00001", b"rewritten", tags={"workflow": "w"})])  # moves to the newest seq
+    s3.write(p, [], [Delete("c/00011")])
+    assert [r.name for r in _newest(s3, p, "w", limit=2)] == ["c/00001", "c/00009"]
+    s3.write(p, [make_put("c/00003", b"moved", tags={"workflow": "v"})])  # leaves workflow w
+    s3.write(p, [make_put("c/00005", b"batched", tags={"workflow": "w"}), make_put("x/1", b"", tags={"workflow": "w"})])
+    for q in (
+        {"limit": 3},
+        {"limit": 5, "stop": _newest(s3, p, "w", limit=3)[-1].seq},
+        {"start": _newest(s3, p, "w", limit=4)[-1].seq},
+        {"values": False},
+    ):
+        assert _newest(s3, p, "w", **q) == _newest(unindexed, p, "w", **q), q
+    oldest_first = ListQuery(prefix="c/", order="seq", tags={"workflow": "w"})
+    names = [r.name for r in s3.list(p, oldest_first)]
+    assert s3.list(p, oldest_first) == unindexed.list(p, oldest_first)
+    assert names == ["c/00007", "c/00009", "c/00001", "c/00005"]
+    entries = [k for k in _raw_keys(s3) if "/t/" in k]
+    s3.lease = 0.0  # every stale entry is now old enough to go
+    assert [r.name for r in s3.list(p, oldest_first)] == names
+    assert len([k for k in _raw_keys(s3) if "/t/" in k]) == len(entries) - 4  # 00001, 00003, 00005, 00011
+    unindexed.close()
 
 
 # -- conditional writes ------------------------------------------------------------

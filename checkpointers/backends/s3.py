@@ -8,7 +8,8 @@ Object layout (``<root>`` is the optional key prefix, ``<p>`` the partition's
 injective :attr:`~checkpointers._names.Partition.key`, ``<u>`` its ``user_key``)::
 
     <root><p>/r/<inverted name>~   one record: header (etag, digest, seq, tags) + value
-    <root><p>/tx/<id>              a pending multi-record batch (redo log), short-lived
+    <root><p>/tx/<id>              a pending multi-record batch (redo log or optimistic), short-lived
+    <root><p>/t/<h>/<inv seq>/<name>  tag index entry (empty) for an indexed tag, h = sha256(key, value)
     <root><p>/p                    the raw partition name, only for hashed (long) names
 
 Everything of a user lies under ``<root><u>``; ``user_key`` ends with ``/``,
@@ -23,7 +24,18 @@ every mirrored character) is appended. That map is strictly order-reversing
 and keeps prefixes as prefixes, so an ascending S3 LIST of
 ``<p>/r/<inverted prefix>`` returns names in descending order: the latest
 lookup is one LIST (``MaxKeys`` small) plus one GET, whatever the history
-length. Ascending-name and seq-ordered listings read the whole prefix.
+length. Ascending-name and seq-ordered listings read the whole prefix,
+except seq-ordered listings filtered on an **indexed tag** (``indexed_tags``,
+by default ``workflow``, the tag the Agent Framework storage queries).
+
+**Tag index.** For every put carrying an indexed tag, an empty entry
+``<p>/t/<h>/<inverted seq>/<name>`` is written *before* the record (with the
+staged puts, so a crash leaves at most an entry without its record). A
+listing lists the entries newest first and GETs their records; an entry
+counts only if its record exists with exactly that seq, so entries of
+records since rewritten (new seq), deleted or never written are skipped, and
+removed once older than ``lease`` (by that listing or :meth:`S3Backend.recover`).
+"Newest N with tag k=v" is one LIST plus about N GETs at any history length.
 
 **Atomicity.** S3 has no multi-object transactions. A batch is applied so
 that it is all-or-nothing for every reader, also under ``kill -9``:
@@ -40,7 +52,16 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
    IF_MATCH and conditional deletes (the stored record is read first, its
    etag compared, and the write is conditioned on the S3 ETag just read, so
    S3 itself rejects a write that raced in between), a plain PUT for UPSERT.
-3. A batch with **several** other operations uses a redo log. The current
+3. A batch with **several** other operations, all CREATE/APPEND (the
+   LangGraph saver's ``put_writes``), is **optimistic** (see
+   ``S3Backend._optimistic``): no pre-read; a small manifest is written,
+   then the records with ``If-None-Match: *`` (their marker says
+   "optimistic": readers treat them as absent while the manifest exists),
+   then deleting the manifest commits. A name found present (412) is read:
+   an append no-op is fine, another digest is a conflict, and the landed
+   records are deleted before the manifest (abort). n puts cost n + 1 PUT
+   and 1 DELETE.
+4. Other batches with **several** operations use a redo log. The current
    objects are read and the conditions evaluated; then a manifest holding
    the whole batch (every new record body and the S3 ETag each operation
    expects to replace, or "absent") is written to ``<p>/tx/<id>`` with
@@ -87,6 +108,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import threading
 import time
@@ -124,6 +146,8 @@ _END = "~"  # greater than every character of _ALPHABET
 _MAGIC = b"CKS3"
 _TX_MAGIC = b"CKTX"
 _DONE_CACHE = 100_000
+_OPTIMISTIC_MODES = (Mode.APPEND, Mode.CREATE)  # UPSERTs usually replace: the classic path
+_SEQ_SPAN = 10**20 - 1  # seqs are microsecond timestamps, far below this
 _PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 
@@ -192,6 +216,7 @@ class _Obj:
     record: Record | None
     tx: str | None
     s3etag: str
+    optimistic: bool = False  #: the marker is an optimistic batch's (see ``_optimistic``)
 
 
 def _encode(header: dict[str, Any], value: bytes) -> bytes:
@@ -210,14 +235,25 @@ def _decode(name: str, body: bytes, s3etag: str, values: bool = True) -> _Obj:
     if h.get("z"):
         return _Obj(None, h.get("x"), s3etag)
     value = body[8 + n :] if values else b""
-    return _Obj(Record(name, value, h["t"], h["e"], h["d"], h["s"]), h.get("x"), s3etag)
+    return _Obj(Record(name, value, h["t"], h["e"], h["d"], h["s"]), h.get("x"), s3etag, bool(h.get("o")))
 
 
-def _record_body(put: Put, seq: int, tx: str | None = None) -> bytes:
+def _record_body(put: Put, seq: int, tx: str | None = None, optimistic: bool = False) -> bytes:
     header: dict[str, Any] = {"e": put.etag, "d": put.digest, "s": seq, "t": dict(put.tags)}
     if tx:
         header["x"] = tx
+    if optimistic:
+        header["o"] = 1
     return _encode(header, put.value)
+
+
+def _as_record(put: Put, seq: int) -> Record:
+    return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+
+
+def _inv_seq(seq: int) -> str:
+    """A seq as a fixed-width string that sorts in *descending* seq order."""
+    return f"{_SEQ_SPAN - seq:020d}"
 
 
 def _tombstone(tx: str) -> bytes:
@@ -253,6 +289,7 @@ class S3Backend(Backend):
         max_attempts: int = 5,
         lease: float = 60.0,
         consistent_read_timeout: float = 10.0,
+        indexed_tags: Iterable[str] = ("workflow",),
     ) -> None:
         if not bucket:
             raise ValueError("S3Backend needs a bucket name")
@@ -261,6 +298,9 @@ class S3Backend(Backend):
         self.conditional_writes = conditional_writes
         self.lease = lease
         self.consistent_read_timeout = consistent_read_timeout
+        #: Tag keys with a tag index: seq-ordered listings filtered on one of
+        #: them read only the records carrying that tag value, newest first.
+        self.indexed_tags = frozenset(indexed_tags)
         if client is None:
             import boto3
             from botocore.config import Config
@@ -334,7 +374,7 @@ class S3Backend(Backend):
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         with translate_errors(self.where):
-            return self._consistent(partition.key, lambda: self._list_once(partition.key, query), True)
+            return self._consistent(partition.key, lambda hidden: self._list_once(partition.key, query, hidden), True)
 
     def partitions(self, user: str, space: str) -> list[str]:
         with translate_errors(self.where):
@@ -533,40 +573,74 @@ class S3Backend(Backend):
         got = self._get_obj(self._rkey(pkey, name))
         return None if got is None else _decode(name, got[0], got[1], values)
 
+    @staticmethod
+    def _visible(obj: _Obj | None, hidden: frozenset[str]) -> _Obj | None:
+        """``obj`` as a reader sees it: a record of an uncommitted optimistic batch reads as absent.
+
+        It is returned as a tombstone-like object (record ``None``) that keeps
+        its S3 ETag, so a writer can still replace it conditionally.
+        """
+        if obj is not None and obj.tx in hidden:
+            return _Obj(None, obj.tx, obj.s3etag, obj.optimistic)
+        return obj
+
     def _read(self, pkey: str, names: list[str]) -> list[_Obj | None]:
-        def attempt() -> tuple[list[_Obj | None], list[_Obj]]:
+        def attempt(hidden: frozenset[str]) -> tuple[list[_Obj | None], list[_Obj]]:
             objs = self._map(lambda n: self._fetch(pkey, n), names)
-            return objs, [o for o in objs if o is not None]
+            return [self._visible(o, hidden) for o in objs], [o for o in objs if o is not None]
 
         return self._consistent(pkey, attempt, len(names) > 1)
 
-    def _consistent(self, pkey: str, attempt: Callable[[], tuple[T, list[_Obj]]], multi: bool) -> T:
-        """Run a read; if it met a batch not known complete, complete it and (multi) read again.
+    def _consistent(
+        self, pkey: str, attempt: Callable[[frozenset[str]], tuple[T, list[_Obj]]], multi: bool
+    ) -> T:
+        """Run a read; settle every batch marker it met that is not known complete.
 
-        ``attempt`` returns its result and every object it read. A read that
-        met several objects is repeated after completing the batch, so it never
-        mixes the before- and after-states of one batch. Under a stream of
-        batches on the same partition the repeats back off (up to
-        ``consistent_read_timeout`` seconds), then raise
+        ``attempt(hidden)`` returns its result and every object it read; it
+        must treat records of the batches in ``hidden`` as absent. A marker
+        of a classic batch whose manifest is still there is rolled forward,
+        and a read that met several objects is then repeated, so it never
+        mixes the before- and after-states of one batch. A marker of an
+        optimistic batch whose manifest is there means "not committed": the
+        read is repeated with that batch hidden. An optimistic batch found
+        committed (manifest gone) is also read again: its records were
+        proven committed only if they are still there after the manifest
+        was seen gone (an abort deletes the records before the manifest).
+        Under a stream of batches on the same partition the repeats back off
+        (up to ``consistent_read_timeout`` seconds), then raise
         :class:`BackendUnavailableError` rather than return a mixed state.
         """
         deadline = time.monotonic() + self.consistent_read_timeout
         pause = 0.001
+        hidden: set[str] = set()
         while True:
             started = time.monotonic()
-            result, objs = attempt()
-            pending = {o.tx for o in objs if o.tx and not self._done_before(o.tx, started)}
-            for tx in pending:
-                self._complete(pkey, tx)
-            if not pending or not multi:
+            result, objs = attempt(frozenset(hidden))
+            pending = {
+                (o.tx, o.optimistic) for o in objs if o.tx and o.tx not in hidden and not self._done_before(o.tx, started)
+            }
+            again = False
+            rolled = False
+            for tx, optimistic in pending:
+                state = self._complete(pkey, tx)
+                if state == "open":
+                    hidden.add(tx)
+                    again = True
+                elif state == "rolled":
+                    rolled = rolled or multi
+                    again = again or multi
+                else:  # done: a multi read may have met it half-applied; an optimistic one is proven by a re-read
+                    again = again or multi or optimistic
+            if not again:
                 return result
             if time.monotonic() > deadline:
                 raise BackendUnavailableError(
                     f"no consistent read of partition {pkey!r} on {self.where} within "
                     f"{self.consistent_read_timeout} s: other writers' batches kept landing during the read"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            if rolled:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     def _done_before(self, tx: str, started: float) -> bool:
         with self._seq_lock:
@@ -588,38 +662,68 @@ class S3Backend(Backend):
             self._put_obj(f"{self.root}{pkey}/p", p.name.encode("utf-8", "surrogatepass"))
         records: dict[int, Record] = {}
         staged = [i for i, put in enumerate(puts) if put.staged]
-        for i, outcome in zip(staged, self._map(lambda i: self._append(pkey, puts[i]), staged)):
+        rest = [i for i in range(len(puts)) if not puts[i].staged]
+        # Seqs are chosen up front so that the tag-index entries of the batch
+        # can be written with the staged puts, before any record they point to.
+        seqs = {i: self._next_seq() for i in rest}
+        index = [k for i in rest for k in self._index_keys(pkey, puts[i], seqs[i])]
+        jobs: list[Callable[[], Record | Conflict | None]] = [
+            *(functools.partial(self._staged, pkey, puts[i]) for i in staged),
+            *(functools.partial(self._put_entry, k) for k in index),
+        ]
+        outcomes = self._map(lambda job: job(), jobs)
+        for i, outcome in zip(staged, outcomes):
             if isinstance(outcome, Conflict):
                 return WriteResult([], Conflict(i, outcome.name, outcome.existing))
+            assert isinstance(outcome, Record)
             records[i] = outcome
-        rest = [i for i in range(len(puts)) if not puts[i].staged]
         if len(rest) + len(deletes) == 1:
-            single = self._single(pkey, puts[rest[0]]) if rest else self._delete_one(pkey, deletes[0])
+            single = self._single(pkey, puts[rest[0]], seqs[rest[0]]) if rest else self._delete_one(pkey, deletes[0])
             if isinstance(single, Conflict):
                 return WriteResult([], Conflict(rest[0] if rest else len(puts), single.name, single.existing))
             if rest:
+                assert single is not None
                 records[rest[0]] = single
         elif rest or deletes:
-            outcome = self._batch(pkey, [puts[i] for i in rest], deletes)
+            mine = [puts[i] for i in rest]
+            mine_seqs = [seqs[i] for i in rest]
+            outcome: list[Record] | Conflict | None = None
+            if not deletes and all(put.mode in _OPTIMISTIC_MODES for put in mine):
+                outcome = self._optimistic(pkey, mine, mine_seqs)
+            if outcome is None:
+                outcome = self._batch(pkey, mine, deletes, mine_seqs)
             if isinstance(outcome, Conflict):
-                index = rest[outcome.index] if outcome.index < len(rest) else len(puts) + outcome.index - len(rest)
-                return WriteResult([], Conflict(index, outcome.name, outcome.existing))
+                index_ = rest[outcome.index] if outcome.index < len(rest) else len(puts) + outcome.index - len(rest)
+                return WriteResult([], Conflict(index_, outcome.name, outcome.existing))
             records.update(zip(rest, outcome))
         return WriteResult([records[i] for i in range(len(puts))])
 
-    def _append(self, pkey: str, put: Put) -> Record | Conflict:
+    def _staged(self, pkey: str, put: Put) -> Record | Conflict:
+        """A staged put: its index entries (if any), then the record."""
+        seq = self._next_seq()
+        for key in self._index_keys(pkey, put, seq):
+            self._put_entry(key)
+        return self._append(pkey, put, seq)
+
+    def _append(self, pkey: str, put: Put, seq: int | None = None) -> Record | Conflict:
         """CREATE/APPEND with If-None-Match; a tombstone counts as absent."""
         key = self._rkey(pkey, put.name)
+        seq = self._next_seq() if seq is None else seq
+        deadline = time.monotonic() + self.consistent_read_timeout
         while True:
-            seq = self._next_seq()
             if self._put_obj(key, _record_body(put, seq), absent=True) is not None:
-                return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+                return _as_record(put, seq)
             (cur,) = self._read(pkey, [put.name])
             if cur is None:
                 continue  # deleted in between: try again
-            if cur.record is None:  # a tombstone: replace it, conditioned on its ETag
+            if cur.record is None:  # a tombstone (or an uncommitted batch's record): replace it, conditioned on its ETag
                 if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is not None:
-                    return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+                    return _as_record(put, seq)
+                if time.monotonic() > deadline:
+                    raise BackendUnavailableError(
+                        f"record {put.name!r} on {self.where} kept changing for "
+                        f"{self.consistent_read_timeout} s; retry the write"
+                    )
                 continue
             if cur.record.etag == put.etag:
                 return cur.record  # our own write landed; a retry after a lost response got 412
@@ -627,24 +731,31 @@ class S3Backend(Backend):
                 return cur.record
             return Conflict(0, put.name, cur.record)
 
-    def _single(self, pkey: str, put: Put) -> Record | Conflict:
+    def _single(self, pkey: str, put: Put, seq: int) -> Record | Conflict:
         """A batch with one non-staged put: one conditional request (plus a read when needed)."""
         if put.mode in (Mode.CREATE, Mode.APPEND):
-            return self._append(pkey, put)
+            return self._append(pkey, put, seq)
         key = self._rkey(pkey, put.name)
         if put.mode is Mode.UPSERT:
-            seq = self._next_seq()
             self._put_obj(key, _record_body(put, seq))
-            return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+            return _as_record(put, seq)
         (cur,) = self._read(pkey, [put.name])
         if cur is None or cur.record is None or cur.record.etag != put.if_match:
             return Conflict(0, put.name, cur.record if cur else None)
-        seq = self._next_seq(cur.record.seq)
+        seq = self._reseq(pkey, put, seq, cur.record.seq)
         if self._put_obj(key, _record_body(put, seq), match=cur.s3etag) is None:
             (now,) = self._read(pkey, [put.name])
             if now is None or now.record is None or now.record.etag != put.etag:
                 return Conflict(0, put.name, now.record if now else None)
-        return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+        return _as_record(put, seq)
+
+    def _reseq(self, pkey: str, put: Put, seq: int, floor: int) -> int:
+        """``seq``, or a new one above ``floor`` (a replaced record's seq, from another clock), indexed first."""
+        if seq > floor:
+            return seq
+        seq = self._next_seq(floor)
+        self._map(self._put_entry, self._index_keys(pkey, put, seq))
+        return seq
 
     def _delete_one(self, pkey: str, delete: Delete) -> None | Conflict:
         key = self._rkey(pkey, delete.name)
@@ -660,7 +771,83 @@ class S3Backend(Backend):
                 return Conflict(0, delete.name, now.record)
         return None
 
-    def _batch(self, pkey: str, puts: list[Put], deletes: list[Delete]) -> list[Record] | Conflict:
+    def _optimistic(self, pkey: str, puts: list[Put], seqs: list[int]) -> list[Record] | Conflict | None:
+        """Several puts expected on absent names: no pre-read, the manifest's DELETE commits.
+
+        1. A small manifest (names only) is written to ``<p>/tx/<id>`` with
+           ``If-None-Match: *``; while it exists, readers treat every record
+           carrying this batch's (optimistic) marker as absent.
+        2. The records are written in parallel with ``If-None-Match: *``.
+        3. If all landed (or are append no-ops: same digest already stored),
+           deleting the manifest (``If-Match`` its ETag) is the commit point.
+           Otherwise the landed records are deleted (``If-Match`` their ETags)
+           and then the manifest: a conflict is returned, or ``None`` when the
+           batch must go the classic way (an UPSERT over an existing record,
+           a tombstone, another batch's uncommitted record).
+
+        A reader that met a record and then finds the manifest gone reads the
+        record again: an abort deletes records before the manifest, so a
+        record still there is committed. A crashed writer's manifest keeps
+        its records invisible; after ``lease`` seconds a reader or
+        :meth:`recover` aborts it.
+        """
+        tx = f"{time.time_ns():020d}-{uuid.uuid4().hex}"
+        names = [put.name for put in puts]
+        mkey = self._txkey(pkey, tx)
+        manifest = _TX_MAGIC + json.dumps({"o": 1, "n": names}, separators=(",", ":")).encode()
+        metag = self._put_obj(mkey, manifest, absent=True)
+        if metag is None:
+            got = self._get_obj(mkey)  # 412 on a retry: did ours land?
+            if got is None or got[0] != manifest:
+                raise RuntimeError(f"batch id {tx} collided")  # uuid4: does not happen
+            metag = got[1]
+        bodies = [_record_body(put, seq, tx, optimistic=True) for put, seq in zip(puts, seqs)]
+        etags = self._map(lambda i: self._put_obj(self._rkey(pkey, names[i]), bodies[i], absent=True), range(len(puts)))
+        records = [_as_record(put, seq) for put, seq in zip(puts, seqs)]
+        landed = {i: etag for i, etag in enumerate(etags) if etag is not None}
+        verdict: Conflict | None = None
+        classic = False
+        for i in (i for i, etag in enumerate(etags) if etag is None):
+            put = puts[i]
+            (cur,) = self._read(pkey, [put.name])
+            if cur is not None and cur.tx == tx:
+                landed[i] = cur.s3etag  # ours: a retried request whose first response was lost
+            elif cur is None or cur.record is None or put.mode is Mode.UPSERT:
+                classic = True
+                break
+            elif cur.record.etag == put.etag or (put.mode is Mode.APPEND and cur.record.digest == put.digest):
+                records[i] = cur.record  # an append no-op
+            else:
+                verdict = Conflict(i, put.name, cur.record)
+                break
+        if verdict is None and not classic:
+            if not self._delete_obj(mkey, metag) and landed:
+                first = names[min(landed)]
+                obj = self._fetch(pkey, first, False)
+                if obj is None or obj.tx != tx or self._get_obj(mkey) is not None:
+                    raise BackendUnavailableError(
+                        f"batch {tx} on {self.where} was aborted by a recovery before it committed "
+                        f"(it took longer than lease={self.lease} s); nothing of it is visible: retry it"
+                    )
+            self._mark_done(tx)
+            return records
+        self._map(lambda i: self._delete_obj(self._rkey(pkey, names[i]), landed[i]), landed)
+        self._delete_obj(mkey, metag)
+        return verdict
+
+    def _abort(self, pkey: str, tx: str, names: list[str], metag: str) -> None:
+        """Abort an optimistic batch older than the lease: mark it, delete its records, then it."""
+        aborted = _TX_MAGIC + json.dumps({"o": 1, "n": names, "a": 1}, separators=(",", ":")).encode()
+        etag = self._put_obj(self._txkey(pkey, tx), aborted, match=metag)
+        if etag is None:
+            return  # committed or aborted by someone else meanwhile
+        for name in names:
+            obj = self._fetch(pkey, name, False)
+            if obj is not None and obj.tx == tx:
+                self._delete_obj(self._rkey(pkey, name), obj.s3etag)
+        self._delete_obj(self._txkey(pkey, tx), etag)
+
+    def _batch(self, pkey: str, puts: list[Put], deletes: list[Delete], seqs: list[int]) -> list[Record] | Conflict:
         """Several non-staged operations: pre-read, evaluate, commit a manifest, apply."""
         names = [p.name for p in puts] + [d.name for d in deletes]
         current = self._read(pkey, names)
@@ -676,9 +863,9 @@ class S3Backend(Backend):
             if i in noops:
                 records.append(existing[put.name])
                 continue
-            seq = self._next_seq(floor)
+            seq = self._reseq(pkey, put, seqs[i], floor)
             ops.append((put.name, cur.s3etag if cur else None, _record_body(put, seq, tx), False))
-            records.append(Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq))
+            records.append(_as_record(put, seq))
         for d, cur in zip(deletes, current[len(puts) :]):
             if cur is not None and cur.record is not None:
                 ops.append((d.name, cur.s3etag, _tombstone(tx), True))
@@ -698,9 +885,12 @@ class S3Backend(Backend):
         return _TX_MAGIC + len(h).to_bytes(4, "big") + h + b"".join(op[2] for op in ops)
 
     @staticmethod
-    def _ops(tx: str, data: bytes) -> list[tuple[str, str | None, bytes, bool]]:
+    def _ops(tx: str, data: bytes) -> list[tuple[str, str | None, bytes, bool]] | dict[str, Any]:
+        """A classic manifest's operations, or an optimistic manifest's header (a dict)."""
         if data[:4] != _TX_MAGIC:
             raise CorruptItemError(f"tx/{tx}", "not a checkpointers batch manifest")
+        if data[4:5] == b"{":
+            return dict(json.loads(data[4:]))
         n = int.from_bytes(data[4:8], "big")
         pos, ops = 8 + n, []
         for op in json.loads(data[8 : 8 + n]):
@@ -728,14 +918,20 @@ class S3Backend(Backend):
         except ConditionalWritesUnsupportedError:
             pass  # left in place: a tombstone reads as absent
 
-    def _complete(self, pkey: str, tx: str) -> bool:
-        """Roll ``tx`` forward if its manifest is still there; True if it was."""
+    def _complete(self, pkey: str, tx: str) -> str:
+        """Settle ``tx``: ``"done"`` (manifest gone), ``"rolled"`` (classic, rolled forward now)
+        or ``"open"`` (optimistic, not committed: its records read as absent)."""
         got = self._get_obj(self._txkey(pkey, tx))
         if got is None:
             self._mark_done(tx)
-            return False
-        self._apply(pkey, tx, self._ops(tx, got[0]))
-        return True
+            return "done"
+        ops = self._ops(tx, got[0])
+        if isinstance(ops, dict):
+            if not ops.get("a") and time.time_ns() - int(tx.split("-", 1)[0]) > self.lease * 1e9:
+                self._abort(pkey, tx, list(ops["n"]), got[1])
+            return "open"
+        self._apply(pkey, tx, ops)
+        return "rolled"
 
     def _recover(self, pkey: str) -> tuple[int, int]:
         rolled = aborted = 0
@@ -746,11 +942,17 @@ class S3Backend(Backend):
             if got is None:
                 continue
             ops = self._ops(tx, got[0])
+            old = now_ns - int(tx.split("-", 1)[0]) > self.lease * 1e9
+            if isinstance(ops, dict):
+                if old:
+                    self._abort(pkey, tx, list(ops["n"]), got[1])
+                    aborted += 1
+                continue
             marked = any((o := self._fetch(pkey, op[0], False)) and o.tx == tx for op in ops)
             if marked:
                 self._apply(pkey, tx, ops)
                 rolled += 1
-            elif now_ns - int(tx.split("-", 1)[0]) > self.lease * 1e9:
+            elif old:
                 self._delete_obj(key, got[1])
                 aborted += 1
         for key in self._keys(self._rprefix(pkey)):
@@ -759,14 +961,90 @@ class S3Backend(Backend):
                 obj = _decode(key, got[0], got[1], False)
                 if obj.record is None:
                     self._drop_tombstone(pkey, self._name_of(pkey, key), obj.s3etag)
+        stale: list[str] = []
+        for key in self._keys(f"{self.root}{pkey}/t/"):
+            seq, name = self._entry_of(key)
+            obj = self._fetch(pkey, name, False)
+            if (obj is None or obj.record is None or obj.record.seq != seq) and self._expired(seq):
+                stale.append(key)
+        self._delete_keys(stale)
         return rolled, aborted
+
+    # -- tag index -------------------------------------------------------------
+
+    def _tprefix(self, pkey: str, key: str, value: str) -> str:
+        h = hashlib.sha256(f"{key}\0{value}".encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return f"{self.root}{pkey}/t/{h}/"
+
+    def _index_keys(self, pkey: str, put: Put, seq: int) -> list[str]:
+        """The index entries of ``put`` stored with ``seq``: one per indexed tag it carries."""
+        inv = _inv_seq(seq)
+        return [f"{self._tprefix(pkey, k, v)}{inv}/{put.name}" for k, v in put.tags.items() if k in self.indexed_tags]
+
+    def _put_entry(self, key: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=b"")
+
+    @staticmethod
+    def _entry_of(key: str) -> tuple[int, str]:
+        """(seq, record name) of an index entry key ``.../t/<hash>/<inverted seq>/<name>``."""
+        inv, name = key.split("/t/", 1)[1].split("/", 2)[1:]
+        return _SEQ_SPAN - int(inv), name
+
+    def _expired(self, seq: int) -> bool:
+        """Whether a write that chose ``seq`` is older than the lease (seqs are wall-clock µs)."""
+        return time.time_ns() // 1000 - seq > self.lease * 1e6
+
+    def _list_indexed(self, pkey: str, q: ListQuery, tag: str, hidden: frozenset[str]) -> tuple[list[Record], list[_Obj]]:
+        """A seq-ordered listing of the records tagged ``tag=q.tags[tag]``, through the tag index.
+
+        Entries are listed newest first (their keys hold the inverted seq);
+        each is checked against its record, which must exist with exactly
+        that seq: entries of records since rewritten, deleted, or never
+        written (a crash after the entry) are skipped, and deleted once
+        older than ``lease``. Newest-N costs one LIST plus about N GETs.
+        """
+        base = self._tprefix(pkey, tag, q.tags[tag])
+        start_after = base + _inv_seq(q.stop) + "/~" if isinstance(q.stop, int) else None
+        lowest = q.start if isinstance(q.start, int) else None
+        streaming = q.descending and q.limit is not None
+        page_size = min(1000, 2 * q.limit + 2) if streaming and q.limit else 1000
+        objs: list[_Obj] = []
+        out: list[Record] = []
+        stale: list[str] = []
+        entries: list[tuple[str, int, str]] = []
+        for page in self._pages(base, start_after, page_size):
+            batch = []
+            for key in page:
+                seq, name = self._entry_of(key)
+                if lowest is not None and seq < lowest:
+                    break
+                if name.startswith(q.prefix):
+                    batch.append((key, seq, name))
+            entries.extend(batch)
+            if streaming:
+                self._take(pkey, batch, q, objs, out, hidden, stale, ordered=True)
+                if q.limit is not None and len(out) >= q.limit:
+                    break
+            if len(batch) < len(page) and lowest is not None:
+                break
+        if not streaming:
+            if not q.descending:
+                entries.reverse()
+            self._take(pkey, entries, q, objs, out, hidden, stale, ordered=True)
+        if stale:
+            self._delete_keys(stale)
+        return (out[: q.limit] if q.limit is not None else out), objs
 
     # -- listing ---------------------------------------------------------------
 
-    def _list_once(self, pkey: str, q: ListQuery) -> tuple[list[Record], list[_Obj]]:
+    def _list_once(self, pkey: str, q: ListQuery, hidden: frozenset[str]) -> tuple[list[Record], list[_Obj]]:
         """One listing attempt: the records, and every object read (for marker checks)."""
         if q.limit == 0:
             return [], []
+        if q.order == "seq":
+            tag = next((k for k in q.tags if k in self.indexed_tags), None)
+            if tag is not None:
+                return self._list_indexed(pkey, q, tag, hidden)
         prefix = self._rprefix(pkey) + _invert(q.prefix)
         by_name = q.order == "name"
         start_after = self._rkey(pkey, q.stop) if by_name and isinstance(q.stop, str) else None
@@ -775,39 +1053,61 @@ class S3Backend(Backend):
         page_size = min(1000, q.limit + 2) if streaming and not q.tags and q.limit else 1000
         objs: list[_Obj] = []
         out: list[Record] = []
-        keys: list[str] = []
+        names: list[tuple[str, int, str]] = []
         for page in self._pages(prefix, start_after, page_size):
-            batch = [k for k in page if lowest is None or self._name_of(pkey, k) >= lowest]
-            keys.extend(batch)
+            named = [(k, 0, self._name_of(pkey, k)) for k in page]
+            batch = [e for e in named if lowest is None or e[2] >= lowest]
+            names.extend(batch)
             if streaming:
-                self._take(pkey, batch, q, objs, out)
+                self._take(pkey, batch, q, objs, out, hidden, None, ordered=True)
                 if q.limit is not None and len(out) >= q.limit:
                     break
             if len(batch) < len(page):
                 break  # names below `start`: the rest of the listing is lower still
         if not streaming:
             if by_name and not q.descending:
-                keys.reverse()
-            self._take(pkey, keys, q, objs, out)
+                names.reverse()
+            self._take(pkey, names, q, objs, out, hidden, None, ordered=by_name)
             if not by_name:
                 out.sort(key=q.sort_key, reverse=q.descending)
                 out = out[: q.limit] if q.limit is not None else out
         return (out[: q.limit] if q.limit is not None else out), objs
 
-    def _take(self, pkey: str, keys: list[str], q: ListQuery, objs: list[_Obj], out: list[Record]) -> None:
-        """GET ``keys`` in order, in parallel chunks, until ``q.limit`` records passed."""
-        ordered = q.order == "name"
+    def _take(
+        self,
+        pkey: str,
+        entries: list[tuple[str, int, str]],
+        q: ListQuery,
+        objs: list[_Obj],
+        out: list[Record],
+        hidden: frozenset[str],
+        stale: list[str] | None,
+        *,
+        ordered: bool,
+    ) -> None:
+        """GET the records of ``entries`` ``(key, seq, name)`` in order, in parallel chunks,
+        until ``q.limit`` records passed (when ``ordered``).
+
+        With ``stale`` (index entries), a record counts only if its seq is the
+        entry's; expired entries that do not match are added to ``stale``.
+        """
         pos = 0
-        while pos < len(keys) and not (ordered and q.limit is not None and len(out) >= q.limit):
-            size = len(keys) - pos if not ordered or q.limit is None else max(1, min(64, q.limit - len(out)))
-            chunk = keys[pos : pos + size]
+        while pos < len(entries) and not (ordered and q.limit is not None and len(out) >= q.limit):
+            size = len(entries) - pos if not ordered or q.limit is None else max(1, min(64, q.limit - len(out)))
+            chunk = entries[pos : pos + size]
             pos += size
-            for key, obj in zip(chunk, self._map(lambda k: self._fetch(pkey, self._name_of(pkey, k), q.values), chunk)):
-                if obj is None:
+            got = self._map(lambda e: self._fetch(pkey, e[2], q.values), chunk)
+            for (key, seq, _), obj in zip(chunk, got):
+                if obj is not None:
+                    objs.append(obj)
+                obj = self._visible(obj, hidden)
+                record = obj.record if obj is not None else None
+                if stale is not None and (record is None or record.seq != seq):
+                    if self._expired(seq):
+                        stale.append(key)
                     continue
-                objs.append(obj)
-                if obj.record is not None and q.matches(obj.record):
-                    out.append(obj.record)
+                if record is not None and q.matches(record):
+                    out.append(record)
 
     # -- partitions ------------------------------------------------------------
 

@@ -480,6 +480,124 @@ def test_retried_create_that_had_applied_reports_success(redis_backend: RedisBac
     assert run_as_retried(b, b._write_op(p, [stale], [])).conflict is not None
 
 
+# -- staged puts: values ahead of the script ----------------------------------
+
+
+def _blob(data: bytes) -> Put:
+    """A content-addressed staged put, as the saver makes them."""
+    from checkpointers._flows import digest
+
+    return make_put(f"b/{digest(data)}", data, mode=Mode.APPEND, staged=True)
+
+
+def _hash_fields(b: RedisBackend, p: Partition) -> set[bytes]:
+    return set(raw_client(b).hkeys(b.keys_of(p)[0]))
+
+
+def test_staged_values_skip_the_script_and_read_like_any_record(redis_backend: RedisBackend) -> None:
+    b = redis_backend
+    p = Partition("st", "langgraph", "t-" + uuid.uuid4().hex[:8])
+    sent: list = []  # type: ignore[type-arg]
+    execute = b._execute
+    b._execute = lambda call: (sent.append(call), execute(call))[1]  # type: ignore[method-assign]
+    big = bytes(range(256)) * 100
+    blob, small = _blob(big), _blob(b"tiny")
+    ckpt = make_put("c/_/1", b"checkpoint", tags={"kind": "c"}, mode=Mode.APPEND)
+    result = b.write(p, [blob, small, ckpt])
+    assert result.conflict is None
+    # the values went with HSETNX in the script's round trip (the second one
+    # re-registers a new partition), the script got none of them
+    call = sent[0]
+    script_args = [c for c in call.commands if not isinstance(c, tuple)][0].args
+    assert big not in script_args and b"tiny" not in script_args and b"checkpoint" in script_args
+    assert [c[0] for c in call.commands if isinstance(c, tuple) and c[0] == "HSETNX"] == ["HSETNX"] * 2
+    seqs = [r.seq for r in result.records]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    # read, listed (name and seq order, values or not), counted, like any record
+    for got, put in zip(b.get(p, [blob.name, small.name, ckpt.name]), (blob, small, ckpt)):
+        assert got is not None and (got.value, got.digest, got.etag) == (put.value, put.digest, put.etag)
+    assert [(r.name, r.value) for r in b.list(p, ListQuery(prefix="b/"))] == sorted(
+        [(blob.name, big), (small.name, b"tiny")]
+    )
+    by_seq = b.list(p, ListQuery(order="seq", descending=True))
+    assert [r.name for r in by_seq] == [ckpt.name, small.name, blob.name]
+    assert [r.seq for r in by_seq] == sorted(seqs, reverse=True)
+    # a second batch naming the same blob is an append no-op: old seq and etag kept
+    again = _blob(big)
+    result2 = b.write(p, [again, make_put("c/_/2", b"next", mode=Mode.APPEND)])
+    assert result2.conflict is None
+    assert (result2.records[0].etag, result2.records[0].seq) == (blob.etag, seqs[0])
+    assert result2.records[1].seq > max(seqs)
+    assert b.partitions("st", "langgraph") and p.name in b.partitions("st", "langgraph")
+    # deleted like any record, and dropped with the partition
+    assert b.write(p, [], [Delete(small.name)]).conflict is None
+    assert b.get(p, [small.name]) == [None] and f"v:{small.name}".encode() not in _hash_fields(b, p)
+    assert b.drop(p) == 3
+    assert b.get(p, [blob.name]) == [None] and all_keys(b, b.match_pattern(p)) == set()
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_refused_batch_leaves_no_trace_of_its_staged_values(redis_url: str, empty: bool) -> None:
+    """A conflict on the checkpoint record leaves the partition exactly as it was
+    (the values sent ahead are removed again), also with ttl on an empty partition."""
+    b = RedisBackend.from_url(redis_url, prefix="st" + uuid.uuid4().hex[:8], ttl=60)
+    try:
+        p = Partition("st", "langgraph", "t")
+        kept = _blob(b"kept")
+        if not empty:
+            b.write(p, [kept, make_put("c/_/1", b"first", mode=Mode.APPEND)])
+        state = lambda: (  # noqa: E731
+            _hash_fields(b, p),
+            [(r.name, r.value, r.etag, r.seq) for r in b.list(p, ListQuery(order="seq"))],
+            all_keys(b, b.match_pattern(p)),
+        )
+        before = state()
+        new = _blob(b"new value " * 1000)
+        if empty:
+            clash = make_put("c/_/1", b"x", mode=Mode.IF_MATCH, if_match="nope")
+        else:
+            clash = make_put("c/_/1", b"different", mode=Mode.APPEND)
+        result = b.write(p, [new, _blob(b"kept"), clash])
+        assert result.conflict is not None and result.conflict.index == 2
+        assert state() == before
+        assert b.get(p, [new.name]) == [None]
+        if empty:
+            assert before[2] == set() and b.partitions("st", "langgraph") == []
+        else:
+            assert b.get(p, [kept.name])[0].value == b"kept"  # type: ignore[union-attr]
+    finally:
+        b.close()
+
+
+def _resumed(op, first):  # noqa: ANN001, ANN202
+    """The rest of ``op``, from its pending call ``first`` on."""
+    call = first
+    while True:
+        try:
+            call = op.send((yield call))
+        except StopIteration as done:
+            return done.value
+
+
+def test_staged_value_deleted_before_the_script_is_resent_inline(redis_backend: RedisBackend) -> None:
+    """A concurrent delete between the HSETNX and the script (simulated: the
+    HSETNX is dropped from the round trip) costs one more round trip, never a
+    record without its value."""
+    b = redis_backend
+    p = Partition("st", "langgraph", "race-" + uuid.uuid4().hex[:8])
+    blob = _blob(b"raced")
+    op = b._write_op(p, [blob, make_put("c/_/1", b"c", mode=Mode.APPEND)], [])
+    call = next(op)
+    without = type(call)([c for c in call.commands if not (isinstance(c, tuple) and c[0] == "HSETNX")])
+    retry = op.send(b._execute(without))
+    script_args = [c for c in retry.commands if not isinstance(c, tuple)][0].args
+    assert b"raced" in script_args  # now inline
+    result = b._run(_resumed(op, retry))
+    assert result.conflict is None
+    (rec,) = b.get(p, [blob.name])
+    assert rec is not None and rec.value == b"raced" and rec.digest == blob.digest
+
+
 def test_from_url_reads_valkey_scheme_and_query_options(redis_url: str) -> None:
     url = redis_url.replace("redis://", "valkey://") + "?prefix=vk" + uuid.uuid4().hex[:6] + "&ttl=30"
     b = RedisBackend.from_url(url)

@@ -56,6 +56,22 @@ every put and delete, assigns seqs with ``INCR``, maintains the indexes, and
 returns the stored metadata or the conflict. It runs atomically on the
 server; nothing is read on the client and written back.
 
+Staged puts (content-addressed blobs, ``Put.staged`` in ``APPEND`` mode) do
+not pass their value through Lua, where a large value costs far more than a
+plain command: the same pipeline sends ``HSETNX r v:<name> <value>`` for each
+before the script (a present field already holds the same bytes, since the
+name is derived from the digest), and the script handles the record like any
+other append (conditions, seq, metadata, indexes) without the value. So
+``get``/``list``/``drop``/``ttl`` see no difference. Two edges:
+
+* the script refuses the batch (a conflict elsewhere in it): it removes the
+  values sent ahead whose record is absent, so a refused batch leaves the
+  partition exactly as it was;
+* a concurrent delete of the same blob ran between the ``HSETNX`` and the
+  script: the script finds the value missing for a record it would create,
+  applies nothing and says so, and the batch is re-sent with the values
+  inside the script (one more round trip, never a record without its value).
+
 The user registry
 =================
 
@@ -242,9 +258,15 @@ end
 
 # KEYS: r n x t seq
 # ARGV: ttl_ms nputs ndeletes, then 9 per put:
-#         name mode(u/c/a/i) if_match etag digest pairs tags_json ancestors value
+#         name mode(u/c/a/i/s) if_match etag digest pairs tags_json ancestors value
 #       then 4 per delete: name has_if_match(0/1) if_match ancestors
+# Mode "s" is a staged put (an append) whose value the client already sent
+# with HSETNX into "v:<name>" in the same pipeline: its value argument is
+# empty and the script never touches "v:<name>" on success.
 # Returns {0, index, stored meta, stored value, now_empty} for a refused batch,
+#         {2} when a staged value is not there (a concurrent delete removed it
+#             between the HSETNX and the script; nothing was applied: re-send
+#             with the values inline),
 #         {1, was_empty, now_empty, meta of put 1, meta of put 2, ...} otherwise.
 _WRITE_LUA = _LUA_COMMON + r"""
 local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -262,7 +284,17 @@ for k, meta in ipairs(many("HMGET", r, fields)) do stored[k - 1] = meta end
 local noop = {}
 local function refuse(i, name)
   local empty = redis.call("EXISTS", n) == 0 and 1 or 0
-  return {0, i, stored[i], redis.call("HGET", r, "v:" .. name), empty}
+  local out = {0, i, stored[i], redis.call("HGET", r, "v:" .. name), empty}
+  -- the staged values this batch sent ahead and nothing refers to: gone
+  -- again (a concurrent batch that counted on one re-sends it, see {2})
+  local orphans = {}
+  for k = 0, np - 1 do
+    if ARGV[3 + k * PW + 2] == "s" and not stored[k] then
+      orphans[#orphans + 1] = "v:" .. ARGV[3 + k * PW + 1]
+    end
+  end
+  many("HDEL", r, orphans)
+  return out
 end
 for i = 0, np - 1 do
   local b = 3 + i * PW
@@ -273,7 +305,7 @@ for i = 0, np - 1 do
     local _, etag = meta_parts(meta)
     if etag ~= ARGV[b + 3] then return refuse(i, name) end
   end
-  if mode == "a" and meta then
+  if (mode == "a" or mode == "s") and meta then
     local _, _, digest = meta_parts(meta)
     if digest ~= ARGV[b + 5] then return refuse(i, name) end
     noop[i] = true
@@ -286,6 +318,12 @@ for j = 0, nd - 1 do
     if not meta then return refuse(np + j, ARGV[b + 1]) end
     local _, etag = meta_parts(meta)
     if etag ~= ARGV[b + 3] then return refuse(np + j, ARGV[b + 1]) end
+  end
+end
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  if ARGV[b + 2] == "s" and not noop[i] and redis.call("HEXISTS", r, "v:" .. ARGV[b + 1]) == 0 then
+    return {2}
   end
 end
 
@@ -319,7 +357,7 @@ for i = 0, np - 1 do
     local s = pad(seq)
     local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
     push(r_new, "m:" .. name, meta)
-    push(r_new, "v:" .. name, ARGV[b + 9])
+    if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
     push(n_new, 0, name)
     push(x_new, 0, "|" .. s .. "|" .. name)
     for _, a in ipairs(words(ancestors)) do push(x_new, 0, a .. "|" .. s .. "|" .. name) end
@@ -595,22 +633,33 @@ _PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0
 _OUR_URL_OPTIONS = ("prefix", "ttl", "cluster")
 
 
-def _write_args(ttl_ms: int, puts: Sequence[Put], deletes: Sequence[Delete]) -> list[Any]:
+def _sent_ahead(put: Put) -> bool:
+    """Whether ``put``'s value goes ahead of the script, set-if-absent (staged appends)."""
+    return put.staged and put.mode is Mode.APPEND
+
+
+def _write_args(
+    ttl_ms: int, puts: Sequence[Put], deletes: Sequence[Delete], ahead: bool
+) -> list[Any]:
+    """The write script's arguments; ``ahead``: staged values are sent ahead (mode ``s``)."""
     args: list[Any] = [ttl_ms, len(puts), len(deletes)]
     for put in puts:
         if "\n" in put.etag or "\n" in put.digest:
             raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
-        tags = json.dumps(dict(put.tags), ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+        tags = "{}" if not put.tags else json.dumps(
+            dict(put.tags), ensure_ascii=True, separators=(",", ":"), sort_keys=True
+        )
+        staged = ahead and _sent_ahead(put)
         args += [
             put.name,
-            _MODES[put.mode],
+            "s" if staged else _MODES[put.mode],
             put.if_match if put.if_match is not None else "",
             put.etag,
             put.digest,
-            " ".join(_tag_pairs(put.tags)),
+            " ".join(_tag_pairs(put.tags)) if put.tags else "",
             tags,
             " ".join(_ancestors(put.name)),
-            put.value,
+            b"" if staged else put.value,
         ]
     for d in deletes:
         args += [d.name, "0" if d.if_match is None else "1", d.if_match or "", " ".join(_ancestors(d.name))]
@@ -1014,13 +1063,25 @@ class RedisBackend(Backend):
         check_batch(puts, deletes)
         registry = self._registry(partition.user_key)
         raw_name = partition.name.encode("utf-8", "surrogatepass")
-        args = _write_args(self._ttl_ms, puts, deletes)
+        keys = self._keys(partition)
         commands: list[_Command] = [("HSET", registry, partition.key, raw_name)]
         if self._ttl_ms:
             commands.append(("PEXPIRE", registry, self._ttl_ms))
-        commands.append(_Eval(WRITE_SCRIPT, self._keys(partition), args))
-        reply = yield _Call(commands)
+        # Staged values go ahead of the script, set-if-absent (content-addressed:
+        # a present field holds the same bytes), so they never pass through Lua.
+        ahead = [("HSETNX", keys[0], f"v:{put.name}", put.value) for put in puts if _sent_ahead(put)]
+        if ahead and self._ttl_ms:
+            # only matters if the script never runs: a new hash must not live forever
+            ahead.append(("PEXPIRE", keys[0], self._ttl_ms, "NX"))
+        args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
+        reply = yield _Call([*commands, *ahead, _Eval(WRITE_SCRIPT, keys, args)])
         out = reply.values[-1]
+        if out[0] == 2:
+            # A concurrent delete removed a staged value between our HSETNX and
+            # the script, which then applied nothing: send the values inline.
+            args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
+            reply = yield _Call([*commands, _Eval(WRITE_SCRIPT, keys, args)])
+            out = reply.values[-1]
         if out[0] == 0:
             index, meta, value, now_empty = int(out[1]), out[2], out[3], out[4]
             names = [p.name for p in puts] + [d.name for d in deletes]

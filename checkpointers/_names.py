@@ -19,6 +19,7 @@ hash tags and S3 prefixes.
 from __future__ import annotations
 
 import functools
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -64,6 +65,7 @@ _MAX_ENCODED = 160
 _SCOPE_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@=+,-]+$")
 
 
+@functools.lru_cache(maxsize=65536)
 def encode_component(value: str) -> str:
     """Encode one caller-supplied component for use inside a backend name.
 

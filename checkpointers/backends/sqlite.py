@@ -399,6 +399,20 @@ def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Reco
     return [found.get(n) for n in names]
 
 
+def _bump_seq(conn: sqlite3.Connection, n: int) -> int:
+    """Reserve ``n`` sequence numbers; return the last one (inside the write transaction)."""
+    if _HAS_RETURNING:
+        return conn.execute(  # type: ignore[no-any-return]
+            "UPDATE seq_counter SET seq = seq + ? WHERE id = 0 RETURNING seq", (n,)
+        ).fetchone()[0]
+    conn.execute("UPDATE seq_counter SET seq = seq + ? WHERE id = 0", (n,))
+    return conn.execute("SELECT seq FROM seq_counter WHERE id = 0").fetchone()[0]  # type: ignore[no-any-return]
+
+
+#: ``UPDATE ... RETURNING`` needs SQLite 3.35 (2021); older libraries take two statements.
+_HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+
 def _write(
     conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
 ) -> WriteResult:
@@ -423,8 +437,7 @@ def _write(
         applied = [i for i in range(len(puts)) if i not in skipped]
         seqs: dict[int, int] = {}
         if applied:
-            conn.execute("UPDATE seq_counter SET seq = seq + ? WHERE id = 0", (len(applied),))
-            (last,) = conn.execute("SELECT seq FROM seq_counter WHERE id = 0").fetchone()
+            last = _bump_seq(conn, len(applied))
             seqs = {i: last - len(applied) + 1 + n for n, i in enumerate(applied)}
             conn.executemany(
                 "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) "
@@ -441,8 +454,12 @@ def _write(
                 "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
                 (pkey, partition.user_key, _blob(partition.name)),
             )
-        retagged = [puts[i].name for i in applied] + [d.name for d in deletes]
-        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
+        # Only records that existed can have tag rows to replace (a delete
+        # removes them), so new names (blobs, checkpoints) skip the DELETE.
+        retagged = [puts[i].name for i in applied if puts[i].name in existing]
+        retagged += [d.name for d in deletes]
+        if retagged:
+            conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
         conn.executemany(
             "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)",
             [

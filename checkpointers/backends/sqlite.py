@@ -634,6 +634,12 @@ class SqliteBackend(Backend):
         self._max_idle = max_idle_connections
         self._lock = threading.Lock()
         self._setup_lock = threading.Lock()
+        # Writers of this process queue on a lock before BEGIN IMMEDIATE: SQLite's
+        # busy handler sleeps in growing steps (1, 2, 5, 10 ms...) while another
+        # connection holds the write lock, which made LangGraph's concurrent
+        # background put/put_writes threads wait milliseconds for microseconds
+        # of work. Other processes still meet the busy handler (busy timeout).
+        self._writer = threading.Lock()
         self._ready = False
         self._closed = False
         self._idle: list[sqlite3.Connection] = []
@@ -683,7 +689,7 @@ class SqliteBackend(Backend):
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return self._run(_write, partition, tuple(puts), tuple(deletes))
+        return self._run(self._serialized(_write), partition, tuple(puts), tuple(deletes))
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         return self._run(_list, partition.key, query)
@@ -692,7 +698,7 @@ class SqliteBackend(Backend):
         return self._run(_partitions, Partition(user, space, "").user_key)
 
     def drop(self, partition: Partition) -> int:
-        return self._run(_drop, partition.key)
+        return self._run(self._serialized(_drop), partition.key)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         return await self._arun(_get, partition.key, tuple(names))
@@ -700,7 +706,7 @@ class SqliteBackend(Backend):
     async def awrite(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return await self._arun(_write, partition, tuple(puts), tuple(deletes))
+        return await self._arun(self._serialized(_write), partition, tuple(puts), tuple(deletes))
 
     async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
         return await self._arun(_list, partition.key, query)
@@ -709,7 +715,7 @@ class SqliteBackend(Backend):
         return await self._arun(_partitions, Partition(user, space, "").user_key)
 
     async def adrop(self, partition: Partition) -> int:
-        return await self._arun(_drop, partition.key)
+        return await self._arun(self._serialized(_drop), partition.key)
 
     # -- connections -----------------------------------------------------------------
 
@@ -734,6 +740,15 @@ class SqliteBackend(Backend):
             conn.close()
             raise
         return conn
+
+    def _serialized(self, fn: Callable[..., T]) -> Callable[..., T]:
+        """``fn`` run under this backend's writer lock (on the thread that runs the SQL)."""
+
+        def run(*args: Any) -> T:
+            with self._writer:
+                return fn(*args)
+
+        return run
 
     def _closed_error(self) -> BackendUnavailableError:
         return BackendUnavailableError(f"SqliteBackend({self.path!r}) is closed; open a new one")

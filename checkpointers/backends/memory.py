@@ -52,8 +52,8 @@ class _Part:
     def walk(self, query: ListQuery) -> Iterator[Record]:
         """Candidates in the query's order (filters still to be applied)."""
         if query.order == "seq":
-            order = reversed(self.records) if query.descending else iter(self.records)
-            yield from (self.records[n] for n in list(order))
+            # Consumed under the backend lock (see ``list``): no copy needed.
+            yield from (reversed(self.records.values()) if query.descending else self.records.values())
             return
         lo, hi = query.prefix, None
         if query.start is not None and str(query.start) > lo:
@@ -64,9 +64,8 @@ class _Part:
             j = bisect.bisect_left(self.names, query.prefix + "\U0010ffff")
         if query.stop is not None:
             j = min(j, bisect.bisect_left(self.names, str(query.stop)))
-        names = self.names[i:j]
-        for name in reversed(names) if query.descending else names:
-            yield self.records[name]
+        for k in range(j - 1, i - 1, -1) if query.descending else range(i, j):
+            yield self.records[self.names[k]]
 
 
 class MemoryBackend(Backend):

@@ -197,6 +197,8 @@ def heap_bytes(obj: Any, _seen: set[int] | None = None) -> int:
         return sum(heap_bytes(v, seen) for v in obj)
     if hasattr(obj, "__dataclass_fields__"):
         return sum(heap_bytes(getattr(obj, f), seen) for f in obj.__dataclass_fields__)
+    if hasattr(obj, "__slots__"):
+        return sum(heap_bytes(getattr(obj, f, None), seen) for f in obj.__slots__)
     return 0
 
 

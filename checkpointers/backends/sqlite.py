@@ -640,6 +640,7 @@ class SqliteBackend(Backend):
         # background put/put_writes threads wait milliseconds for microseconds
         # of work. Other processes still meet the busy handler (busy timeout).
         self._writer = threading.Lock()
+        self._wconn: sqlite3.Connection | None = None  # the writer connection, guarded by _writer
         self._ready = False
         self._closed = False
         self._idle: list[sqlite3.Connection] = []
@@ -689,7 +690,7 @@ class SqliteBackend(Backend):
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return self._run(self._serialized(_write), partition, tuple(puts), tuple(deletes))
+        return self._run_write(_write, partition, tuple(puts), tuple(deletes))
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         return self._run(_list, partition.key, query)
@@ -698,7 +699,7 @@ class SqliteBackend(Backend):
         return self._run(_partitions, Partition(user, space, "").user_key)
 
     def drop(self, partition: Partition) -> int:
-        return self._run(self._serialized(_drop), partition.key)
+        return self._run_write(_drop, partition.key)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         return await self._arun(_get, partition.key, tuple(names))
@@ -742,11 +743,30 @@ class SqliteBackend(Backend):
         return conn
 
     def _serialized(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """``fn`` run under this backend's writer lock (on the thread that runs the SQL)."""
+        """``fn`` run on the writer connection, under the writer lock.
 
-        def run(*args: Any) -> T:
+        Runs on whatever thread executes it (the caller's for sync calls, an
+        aiosqlite worker for async ones) and ignores the connection it is
+        handed: every write of this backend goes through one connection, so
+        its page cache stays warm. A connection's cache is dropped whenever
+        *another* connection has committed since its last transaction, and
+        LangGraph's concurrent put/put_writes threads made the pool hand out
+        alternating connections that re-read every page they touched.
+        """
+
+        def run(_ignored: Any, *args: Any) -> T:
             with self._writer:
-                return fn(*args)
+                conn = self._wconn
+                if conn is None:
+                    if self._closed:
+                        raise self._closed_error()
+                    conn = self._wconn = self._connect()
+                try:
+                    return fn(conn, *args)
+                finally:
+                    if conn.in_transaction or self._closed:  # broken, or closed meanwhile
+                        self._wconn = None
+                        conn.close()
 
         return run
 
@@ -766,6 +786,13 @@ class SqliteBackend(Backend):
                 return _retrying(self.timeout, fn, conn, *args)
             finally:
                 self._give_back(conn)
+
+    def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the writer connection (see :meth:`_serialized`)."""
+        if self._closed:
+            raise self._closed_error()
+        with translate_errors(self.path):
+            return _retrying(self.timeout, self._serialized(fn), None, *args)
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
         with self._lock:
@@ -830,6 +857,10 @@ class SqliteBackend(Backend):
             tasks, self._aconns = list(self._aconns.values()), {}
         for conn in idle:
             conn.close()
+        with self._writer:  # waits for a write in flight to finish
+            wconn, self._wconn = self._wconn, None
+        if wconn is not None:
+            wconn.close()
         for task in tasks:
             _stop(task)
 

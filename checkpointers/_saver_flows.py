@@ -77,7 +77,16 @@ _TAG_PREFIX = "m."
 _OVERFLOW = "~overflow"
 #: Metadata keys always tagged first (``delete_for_runs`` relies on ``run_id``).
 _PRIORITY = ("run_id", "source", "step")
-_FORMAT = 1
+#: Record format written. 1: every channel value in a blob. 2: also ``inline``,
+#: small values kept inside the record (read: both).
+_FORMAT = 2
+_FORMATS = (1, 2)
+#: A channel value whose framed serialization is at most this many bytes is
+#: kept inside the checkpoint record instead of a blob of its own (one record
+#: less per put and per read); at most :data:`_INLINE_BUDGET` bytes of them
+#: per record, so records stay small and the size cap keeps its meaning.
+_INLINE_MAX = 256
+_INLINE_BUDGET = 4096
 _CACHE_SIZE = 1024
 #: Up to this many checkpoints of one namespace get one writes listing each;
 #: more share one listing of the namespace's writes.
@@ -212,6 +221,7 @@ class Stored:
     checkpoint: dict[str, Any]
     metadata: dict[str, Any]
     blobs: dict[str, str]
+    inline: dict[str, bytes]
 
 
 @dataclass(frozen=True)
@@ -255,7 +265,9 @@ class SaverFlows:
     max_item_bytes: int
 
     def _init_flows(self) -> None:
-        self._recent: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], dict[str, str]]] = OrderedDict()
+        self._recent: OrderedDict[
+            tuple[str, str], tuple[str, dict[str, Any], dict[str, str], dict[str, bytes]]
+        ] = OrderedDict()
         self._recent_lock = threading.Lock()
 
     # -- encoding ---------------------------------------------------------
@@ -277,8 +289,12 @@ class SaverFlows:
     def _load(self, label: str, record: Record) -> Any:
         """Verify the digest and deserialize; any failure is CorruptItemError."""
         verified(record, label)
+        return self._loads(label, record.value)
+
+    def _loads(self, label: str, data: bytes) -> Any:
+        """Deserialize framed bytes (already verified); any failure is CorruptItemError."""
         try:
-            return self.serde.loads_typed(_unframe(record.value))
+            return self.serde.loads_typed(_unframe(data))
         except Exception as exc:
             raise CorruptItemError(label, f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
 
@@ -286,7 +302,7 @@ class SaverFlows:
         label = f"checkpoint record {record.name!r} of {where}"
         payload = self._load(label, record)
         try:
-            if payload["v"] != _FORMAT:
+            if payload["v"] not in _FORMATS:
                 raise ValueError(f"unknown record format {payload['v']!r}")
             return Stored(
                 record.name,
@@ -296,21 +312,32 @@ class SaverFlows:
                 payload["checkpoint"],
                 payload["metadata"],
                 payload["blobs"],
+                {ch: bytes(b) for ch, b in payload.get("inline", {}).items()},
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
 
-    def _remember(self, p: Partition, ns: str, cid: str, versions: Mapping[str, Any], blobs: Mapping[str, str]) -> None:
+    def _remember(
+        self,
+        p: Partition,
+        ns: str,
+        cid: str,
+        versions: dict[str, Any],
+        blobs: dict[str, str],
+        inline: dict[str, bytes],
+    ) -> None:
         with self._recent_lock:
-            self._recent[(p.key, ns)] = (cid, dict(versions), dict(blobs))
+            self._recent[(p.key, ns)] = (cid, versions, blobs, inline)
             self._recent.move_to_end((p.key, ns))
             while len(self._recent) > _CACHE_SIZE:
                 self._recent.popitem(last=False)
 
-    def _recalled(self, p: Partition, ns: str, cid: str) -> tuple[dict[str, Any], dict[str, str]] | None:
+    def _recalled(
+        self, p: Partition, ns: str, cid: str
+    ) -> tuple[dict[str, Any], dict[str, str], dict[str, bytes]] | None:
         with self._recent_lock:
             hit = self._recent.get((p.key, ns))
-        return (hit[1], hit[2]) if hit and hit[0] == cid else None
+        return (hit[1], hit[2], hit[3]) if hit and hit[0] == cid else None
 
     def _forget(self, p: Partition) -> None:
         with self._recent_lock:
@@ -328,21 +355,32 @@ class SaverFlows:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> Flow[None]:
-        """Store a checkpoint: new blobs then the record, in one atomic batch."""
+        """Store a checkpoint: new blobs then the record, in one atomic batch.
+
+        Small channel values go inside the record (``inline``), the others
+        into content-addressed blobs; unchanged channels reuse the parent's.
+        """
         cid = checkpoint["id"]
         where = f"checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
         values: dict[str, Any] = checkpoint.get("channel_values") or {}
         versions: dict[str, Any] = dict(checkpoint.get("channel_versions") or {})
         blobs: dict[str, str] = {}
+        inline: dict[str, bytes] = {}
+        budget = _INLINE_BUDGET
         blob_puts: dict[str, Put] = {}
         inherited: list[str] = []
 
         def add_blob(channel: str) -> None:
+            nonlocal budget
             data = self._dump(f"channel {channel!r} of {where}", values[channel])
+            if len(data) <= _INLINE_MAX and len(data) <= budget:
+                inline[channel] = data
+                budget -= len(data)
+                return
             sha = digest(data)
             name = _blob_name(sha)
             if name not in blob_puts:
-                blob_puts[name] = make_put(name, data, mode=Mode.APPEND, staged=True)
+                blob_puts[name] = Put(name, data, sha, new_etag(), {}, Mode.APPEND, None, True)
             blobs[channel] = sha
 
         for channel in versions:
@@ -357,10 +395,15 @@ class SaverFlows:
                 (rec,) = yield GetOp(p, [ckpt_name(ns, parent)])
                 if rec is not None:
                     got = self._stored(rec, where)
-                    prior = (got.checkpoint.get("channel_versions", {}), got.blobs)
+                    prior = (got.checkpoint.get("channel_versions", {}), got.blobs, got.inline)
+            old_versions, old_blobs, old_inline = prior or ({}, {}, {})
             for channel in inherited:
-                if prior and channel in prior[1] and prior[0].get(channel) == versions[channel]:
-                    blobs[channel] = prior[1][channel]
+                same = channel in old_versions and old_versions[channel] == versions[channel]
+                if same and channel in old_blobs:
+                    blobs[channel] = old_blobs[channel]
+                elif same and channel in old_inline and len(old_inline[channel]) <= budget:
+                    inline[channel] = old_inline[channel]
+                    budget -= len(old_inline[channel])
                 elif channel in values:
                     add_blob(channel)
         saved = {k: v for k, v in checkpoint.items() if k != "channel_values"}
@@ -372,13 +415,14 @@ class SaverFlows:
             "checkpoint": saved,
             "metadata": dict(metadata),
             "blobs": blobs,
+            "inline": inline,
         }
         tags = check_tags(where, metadata_tags(metadata))
         record = make_put(ckpt_name(ns, cid), self._dump(where, payload), tags=tags, mode=Mode.APPEND)
         puts = [*blob_puts.values(), record]
         labels = [f"blob {n} of {where}" for n in blob_puts] + [where]
         yield from write_flow(p, puts, (), labels)
-        self._remember(p, ns, cid, versions, blobs)
+        self._remember(p, ns, cid, versions, blobs, inline)
 
     def put_writes_flow(
         self,
@@ -462,7 +506,10 @@ class SaverFlows:
                 w = self._load(f"write {rec.name!r} of {where}", rec)
                 pending.append(w)
             pending.sort(key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
-            checkpoint: Any = {**s.checkpoint, "channel_values": {ch: values[d] for ch, d in s.blobs.items()}}
+            channel_values = {ch: values[d] for ch, d in s.blobs.items()}
+            for ch, data in s.inline.items():
+                channel_values[ch] = self._loads(f"channel {ch!r} of checkpoint {s.cid!r} of {where}", data)
+            checkpoint: Any = {**s.checkpoint, "channel_values": channel_values}
             out.append(
                 Found(
                     p.name,

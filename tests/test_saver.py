@@ -17,6 +17,7 @@ from langgraph.checkpoint.base import Checkpoint, writes_sort_key
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.serde.types import INTERRUPT
 
+from checkpointers import _saver_flows
 from checkpointers._flows import digest, new_etag
 from checkpointers._names import ANONYMOUS_USER, Partition
 from checkpointers.backends import Backend, ListQuery, Mode, Put
@@ -49,12 +50,18 @@ def put(saver: Checkpointer, config: dict[str, Any], metadata: dict[str, Any] | 
     return saver.put(config, cp, metadata or {"source": "loop", "step": 0}, dict(cp["channel_versions"]))
 
 
-def chain(saver: Checkpointer, thread: Any, n: int, ns: str = "", **meta: Any) -> list[dict[str, Any]]:
-    """``n`` checkpoints, each the child of the previous one."""
+def _big(i: int) -> str:
+    """A distinct value over the inline limit, so it is stored as a blob."""
+    return f"{i}:" + "x" * 300
+
+
+def chain(saver: Checkpointer, thread: Any, n: int, ns: str = "", big: bool = False, **meta: Any) -> list[dict[str, Any]]:
+    """``n`` checkpoints, each the child of the previous one (``big``: values are blobs)."""
     out: list[dict[str, Any]] = []
     parent: str | None = None
     for i in range(n):
-        out.append(put(saver, cfg(thread, ns, parent), {"source": "loop", "step": i, **meta}, x=i))
+        x = _big(i) if big else i
+        out.append(put(saver, cfg(thread, ns, parent), {"source": "loop", "step": i, **meta}, x=x))
         parent = out[-1]["configurable"]["checkpoint_id"]
     return out
 
@@ -378,15 +385,16 @@ def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Chec
 
 def test_equal_values_are_stored_once(saver: Checkpointer, backend: Backend, user: str) -> None:
     value = "v" * 50_000
-    first = ckpt(big=value, other=1)
+    one, two = "1" * 300, "2" * 300  # over the inline limit: blobs too
+    first = ckpt(big=value, other=one)
     saver.put(cfg("t"), first, {}, {"big": "1", "other": "1"})
-    second = generate_checkpoint(channel_values={"big": value, "other": 2}, channel_versions={"big": "2", "other": "2"})
+    second = generate_checkpoint(channel_values={"big": value, "other": two}, channel_versions={"big": "2", "other": "2"})
     stored = saver.put(cfg("t", "", first["id"]), second, {}, {"big": "2", "other": "2"})
     blobs = records(backend, user, "t", "b/")
     assert len(blobs) == 3  # one 50 KB value, two small ones
     assert sum(len(b.value) > 50_000 for b in blobs) == 1
     tup = saver.get_tuple(stored)
-    assert tup is not None and tup.checkpoint["channel_values"] == {"big": value, "other": 2}
+    assert tup is not None and tup.checkpoint["channel_values"] == {"big": value, "other": two}
     saver.copy_thread("t", "t2")
     assert len(records(backend, user, "t2", "b/")) == 3
 
@@ -402,15 +410,42 @@ def test_unchanged_channels_come_from_the_parent_also_in_a_new_process(backend: 
     assert tup is not None and tup.checkpoint["channel_values"] == {"a": "kept", "b": 2}
 
 
+def test_small_values_live_inside_the_checkpoint_record(saver: Checkpointer, backend: Backend, user: str) -> None:
+    big = "b" * 1_000
+    first = put(saver, cfg("t"), x=1, s="small", big=big)
+    assert len(records(backend, user, "t", "b/")) == 1  # only the large value has a blob
+    second = generate_checkpoint(channel_values={"x": 2}, channel_versions={"x": "2", "s": "1", "big": "1"})
+    stored = saver.put(first, second, {}, {"x": "2"})  # s and big unchanged: inherited
+    for fresh in (saver, Checkpointer(backend).for_user(user)):  # cached and read from the store
+        tup = fresh.get_tuple(stored)
+        assert tup is not None and tup.checkpoint["channel_values"] == {"x": 2, "s": "small", "big": big}
+    assert len(records(backend, user, "t", "b/")) == 1
+
+
+def test_format_1_records_still_read(saver: Checkpointer, backend: Backend, user: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record written before inline values (format 1: every value in a blob) reads as before."""
+    monkeypatch.setattr(_saver_flows, "_INLINE_MAX", 0)
+    stored = put(saver, cfg("t"), x=1, s="small")
+    (rec,) = records(backend, user, "t", "c/")
+    kind, raw = _saver_flows._unframe(rec.value)
+    payload = saver.serde.loads_typed((kind, raw))
+    assert payload.pop("inline") == {} and len(payload["blobs"]) == 2
+    payload["v"] = 1
+    data = _saver_flows._frame(saver.serde.dumps_typed(payload))
+    backend.write(Partition(user, "langgraph", "t"), [Put(rec.name, data, digest(data), new_etag(), dict(rec.tags), Mode.UPSERT)])
+    tup = Checkpointer(backend).for_user(user).get_tuple(stored)
+    assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1, "s": "small"}
+
+
 def test_prune_and_delete_for_runs_remove_unreferenced_blobs(saver: Checkpointer, backend: Backend, user: str) -> None:
-    chain(saver, "t", 4, run_id="r")  # x = 0, 1, 2, 3: four blobs
+    chain(saver, "t", 4, run_id="r", big=True)  # x = 0, 1, 2, 3: four blobs
     assert len(records(backend, user, "t", "b/")) == 4
     saver.prune(["t"])
     tup = saver.get_tuple(cfg("t"))
-    assert tup is not None and tup.checkpoint["channel_values"] == {"x": 3}
+    assert tup is not None and tup.checkpoint["channel_values"] == {"x": _big(3)}
     assert len(records(backend, user, "t", "b/")) == 1
-    chain(saver, "u", 2, run_id="r1")
-    stored = put(saver, cfg("u", "", saver.get_tuple(cfg("u")).checkpoint["id"]), {"run_id": "r2"}, x=99)  # type: ignore[union-attr]
+    chain(saver, "u", 2, run_id="r1", big=True)
+    stored = put(saver, cfg("u", "", saver.get_tuple(cfg("u")).checkpoint["id"]), {"run_id": "r2"}, x=_big(99))  # type: ignore[union-attr]
     saver.put_writes(stored, [("c", 1)], "task")
     saver.delete_for_runs(["r2"])
     assert len(records(backend, user, "u", "b/")) == 2
@@ -427,7 +462,7 @@ def _tamper(backend: Backend, user: str, thread: str, prefix: str, value: bytes 
 
 @pytest.mark.parametrize("prefix", ["c/", "b/", "w/"])
 def test_altered_bytes_raise_corrupt_item_error(saver: Checkpointer, backend: Backend, user: str, prefix: str) -> None:
-    stored = put(saver, cfg("t"), x="precious")
+    stored = put(saver, cfg("t"), x="precious" * 100)  # a blob (not inline)
     saver.put_writes(stored, [("c", "write")], "task")
     _tamper(backend, user, "t", prefix)
     with pytest.raises(CorruptItemError):

@@ -566,13 +566,22 @@ def test_tag_rows_carry_their_records_seq_through_rewrites(sqlite_backend: Sqlit
 
 def test_seq_keeps_growing_after_the_newest_record_is_deleted(sqlite_backend: SqliteBackend) -> None:
     a, b = sqlite_backend.write(P, [make_put("a", b"1"), make_put("b", b"2")]).records
-    sqlite_backend.write(P, [], [Delete("b")])
+    sqlite_backend.write(P, [], [Delete("b")])  # the partition's highest seq is gone
     other = Partition("bob", "items", "x")
-    (c,) = sqlite_backend.write(other, [make_put("c", b"3")]).records
+    sqlite_backend.write(other, [make_put("c", b"3")])
     (d,) = sqlite_backend.write(P, [make_put("d", b"4")]).records
-    assert a.seq < b.seq < c.seq < d.seq
+    assert a.seq < b.seq < d.seq
     noop = sqlite_backend.write(P, [make_put("d", b"4", mode=Mode.APPEND)]).records[0]
     assert noop.seq == d.seq and noop.etag == d.etag  # an append no-op keeps the old record
+    # deleted with a newer record in the same batch, then the whole partition dropped
+    (e,) = sqlite_backend.write(P, [make_put("e", b"5")], [Delete("d")]).records
+    assert e.seq > d.seq
+    sqlite_backend.write(P, [], [Delete("a"), Delete("e")])
+    (f,) = sqlite_backend.write(P, [make_put("f", b"6")]).records
+    assert f.seq > e.seq
+    assert sqlite_backend.drop(P) == 1
+    (g,) = sqlite_backend.write(P, [make_put("g", b"7")]).records
+    assert g.seq > f.seq
 
 
 def test_partitions_keep_raw_names_and_vanish_with_their_last_record(sqlite_backend: SqliteBackend) -> None:

@@ -22,9 +22,11 @@ Durability and concurrency
   read inside that transaction, then applied; a refused batch is rolled back.
   ``BEGIN IMMEDIATE`` takes the file's write lock up front, so two processes
   can never both pass a check and then both write.
-* ``seq`` comes from a one-row counter bumped inside the write transaction, so
-  it is strictly increasing across the whole file, also after the record with
-  the highest seq is deleted (``MAX(seq)+1`` would hand it out again).
+* ``seq``: a write counts up from the partition's highest seq or
+  ``seq_counter`` (raised by deletes to the highest seq they remove),
+  whichever is higher, so within a partition it is strictly increasing, also
+  after the record with the highest seq is deleted, and a put writes no
+  counter row.
 * A busy file (another connection holds the write lock) is waited for by
   SQLite's busy handler for up to ``timeout`` seconds; the few busy cases the
   handler does not cover are retried with a short backoff until the same
@@ -52,7 +54,7 @@ Schema (version = position in :data:`MIGRATIONS`)
     hashes long names, so they cannot be decoded back); a row is removed when
     its partition's last record goes.
 ``seq_counter``, ``schema_migrations``
-    the sequence counter and the applied schema versions.
+    the highest seq ever deleted, and the applied schema versions.
 
 Caller-supplied strings that may hold anything Python allows (tag keys and
 values, raw partition names, lone surrogates included) are stored in an
@@ -164,6 +166,14 @@ MIGRATIONS: list[str] = [
         SELECT r.seq FROM records AS r WHERE r.pkey = tags.pkey AND r.name = tags.name
     );
     CREATE INDEX tags_seq ON tags (pkey, k, v, seq)
+    """,
+    # v3: no schema change. Seqs are now handed out per partition, above both
+    # the partition's highest seq and ``seq_counter``, which only deletes
+    # raise (to the highest seq they remove); releases before v3 bumped the
+    # counter on every write and would hand out seqs below the partition's,
+    # so the version number keeps them off files written by this one.
+    """
+    SELECT 1
     """,
 ]
 
@@ -277,6 +287,8 @@ def _unblob(value: bytes) -> str:
 
 
 def _tags_json(tags: Mapping[str, str]) -> str:
+    if not tags:  # most records (blobs, writes)
+        return "{}"
     return json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
 
 
@@ -399,18 +411,41 @@ def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Reco
     return [found.get(n) for n in names]
 
 
-def _bump_seq(conn: sqlite3.Connection, n: int) -> int:
-    """Reserve ``n`` sequence numbers; return the last one (inside the write transaction)."""
-    if _HAS_RETURNING:
-        return conn.execute(  # type: ignore[no-any-return]
-            "UPDATE seq_counter SET seq = seq + ? WHERE id = 0 RETURNING seq", (n,)
-        ).fetchone()[0]
-    conn.execute("UPDATE seq_counter SET seq = seq + ? WHERE id = 0", (n,))
-    return conn.execute("SELECT seq FROM seq_counter WHERE id = 0").fetchone()[0]  # type: ignore[no-any-return]
+def _prelude(
+    conn: sqlite3.Connection, pkey: str, names: Sequence[str]
+) -> tuple[dict[str, Record], int, bool]:
+    """What a write needs to know, read in one statement (for up to ``_CHUNK`` names).
+
+    Returns the stored records among ``names`` (values ``b""``), the seq to
+    count up from, and whether the partition has its ``partitions`` row.
+    Every seq the partition ever handed out is at most its highest present
+    seq (the ``records_seq`` index's last entry) or, for deleted records, at
+    most ``seq_counter``, which deletes raise to the highest seq they remove;
+    so puts writing no counter row still get seqs above all earlier ones.
+    """
+    first, rest = names[:_CHUNK], names[_CHUNK:]
+    marks = ",".join("?" * len(first))
+    rows = conn.execute(
+        f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks}) "
+        "UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ?), 0), "
+        "(SELECT seq FROM seq_counter WHERE id = 0)), "
+        "EXISTS (SELECT 1 FROM partitions WHERE pkey = ?), NULL, NULL, NULL",
+        (pkey, *first, pkey, pkey),
+    ).fetchall()
+    found: dict[str, Record] = {}
+    for row in rows:
+        if row[0] is None:  # the summary row (no record has a NULL name)
+            base, has_partition = row[1], row[2]
+        else:
+            found[row[0]] = _record(row)
+    if rest:
+        found.update(_fetch(conn, pkey, rest, values=False))
+    return found, int(base), bool(has_partition)
 
 
-#: ``UPDATE ... RETURNING`` needs SQLite 3.35 (2021); older libraries take two statements.
-_HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+def _retire_seqs(conn: sqlite3.Connection, seq: int) -> None:
+    """Records up to ``seq`` are being deleted: never hand their seqs out again."""
+    conn.execute("UPDATE seq_counter SET seq = MAX(seq, ?) WHERE id = 0", (seq,))
 
 
 def _write(
@@ -422,7 +457,7 @@ def _write(
     pkey = partition.key
     with _transaction(conn, immediate=True):
         names = [p.name for p in puts] + [d.name for d in deletes]
-        existing = _fetch(conn, pkey, names, values=False)
+        existing, base, has_partition = _prelude(conn, pkey, names)
         conflict, noops = evaluate(puts, deletes, existing)
         if conflict is not None:
             stored = None
@@ -437,8 +472,7 @@ def _write(
         applied = [i for i in range(len(puts)) if i not in skipped]
         seqs: dict[int, int] = {}
         if applied:
-            last = _bump_seq(conn, len(applied))
-            seqs = {i: last - len(applied) + 1 + n for n, i in enumerate(applied)}
+            seqs = {i: base + 1 + n for n, i in enumerate(applied)}
             conn.executemany(
                 "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pkey, name) DO UPDATE SET "
@@ -450,10 +484,11 @@ def _write(
                     for i in applied
                 ],
             )
-            conn.execute(
-                "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
-                (pkey, partition.user_key, _blob(partition.name)),
-            )
+            if not has_partition:
+                conn.execute(
+                    "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
+                    (pkey, partition.user_key, _blob(partition.name)),
+                )
         # Only records that existed can have tag rows to replace (a delete
         # removes them), so new names (blobs, checkpoints) skip the DELETE.
         retagged = [puts[i].name for i in applied if puts[i].name in existing]
@@ -469,6 +504,9 @@ def _write(
             ],
         )
         if deletes:
+            gone = [existing[d.name].seq for d in deletes if d.name in existing]
+            if gone:
+                _retire_seqs(conn, max(gone))
             conn.executemany(
                 "DELETE FROM records WHERE pkey = ? AND name = ?", [(pkey, d.name) for d in deletes]
             )
@@ -579,6 +617,9 @@ def _partitions(conn: sqlite3.Connection, user_key: str) -> list[str]:
 
 def _drop(conn: sqlite3.Connection, pkey: str) -> int:
     with _transaction(conn, immediate=True):
+        (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pkey = ?", (pkey,)).fetchone()
+        if top is not None:
+            _retire_seqs(conn, top)
         count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
         conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
         conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))

@@ -290,7 +290,11 @@ class Store:
         tags: Mapping[str, str] | None = None,
         if_match: str | None = None,
     ) -> Item:
-        """Create or replace an item; with ``if_match``, only if its etag is still that."""
+        """Create or replace an item (its value and its tags: tags not given are dropped).
+
+        With ``if_match``, only if the stored etag is still that one, else
+        :class:`ConcurrencyError`.
+        """
         batch = Batch(self, scope).set(key, value, tags=tags, if_match=if_match)
         return run(self._single_flow(batch), self.backend)
 

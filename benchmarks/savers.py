@@ -69,27 +69,25 @@ class Env:
         """A new, unused path in the temp dir."""
         return self.tmp / f"{stem}-{next(self._ids)}{suffix}"
 
+    def _service(self, attr: str, start: Callable[[], Any]) -> Any:
+        """Start a service once; remember and re-raise why it is unavailable."""
+        if getattr(self, attr) is None:
+            try:
+                setattr(self, attr, start())
+            except Unavailable as exc:
+                setattr(self, attr, exc)
+        service = getattr(self, attr)
+        if isinstance(service, Unavailable):
+            raise service
+        return service
+
     @property
     def redis(self) -> RedisService:
-        if self._redis is None:
-            try:
-                self._redis = RedisService()
-            except Unavailable as exc:
-                self._redis = exc
-        if isinstance(self._redis, Unavailable):
-            raise self._redis
-        return self._redis
+        return self._service("_redis", RedisService)  # type: ignore[no-any-return]
 
     @property
     def s3(self) -> S3Service:
-        if self._s3 is None:
-            try:
-                self._s3 = S3Service()
-            except Unavailable as exc:
-                self._s3 = exc
-        if isinstance(self._s3, Unavailable):
-            raise self._s3
-        return self._s3
+        return self._service("_s3", S3Service)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         for service in (self._redis, self._s3):

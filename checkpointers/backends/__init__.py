@@ -63,3 +63,20 @@ def open_backend(url: str, **options: Any) -> Backend:
 def query_options(url: str) -> dict[str, str]:
     """The ``?key=value`` options of a store URL, as a dict."""
     return dict(parse_qsl(urlsplit(url).query))
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def url_flag(name: str, value: str) -> bool:
+    """A boolean URL option (``true/false``, ``1/0``, ``yes/no``, ``on/off``).
+
+    Anything else is refused rather than guessed, so ``?cluster=ture`` fails
+    loudly instead of silently meaning ``false``.
+    """
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"URL option {name}={value!r}: expected true or false")

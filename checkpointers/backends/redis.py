@@ -149,6 +149,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the Redis backend needs redis-py: pip install 'checkpointers[redis]'"
     ) from exc
 
+from . import url_flag
 from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
 from .._names import Partition, encode_component
 from ..errors import BackendUnavailableError
@@ -866,7 +867,7 @@ class RedisBackend(Backend):
         if "ttl" in ours:
             kwargs["ttl"] = float(ours["ttl"])
         if "cluster" in ours:
-            kwargs["cluster"] = ours["cluster"].lower() in ("1", "true", "yes")
+            kwargs["cluster"] = url_flag("cluster", ours["cluster"])
         kwargs.update({k: v for k, v in options.items() if k in own})
         client_options = {k: v for k, v in options.items() if k not in own}
         return cls(url=clean, client_options=client_options, **kwargs)

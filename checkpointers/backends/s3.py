@@ -121,6 +121,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+from . import url_flag
 from .._names import Partition, decode_component
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
 from .base import (
@@ -338,7 +339,7 @@ class S3Backend(Backend):
         if "region" in q:
             kwargs["region_name"] = q["region"]
         if "conditional_writes" in q:
-            kwargs["conditional_writes"] = q["conditional_writes"].lower() not in ("0", "false", "no")
+            kwargs["conditional_writes"] = url_flag("conditional_writes", q["conditional_writes"])
         kwargs.update(options)
         return cls(parts.netloc, parts.path, **kwargs)
 

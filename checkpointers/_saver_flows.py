@@ -7,8 +7,9 @@ and ``delete_thread`` is one ``drop``. Inside it (``<x>`` is
 never contain a caller's ``/`` and two different values never share a name)::
 
     c/<ns>/<checkpoint id>                 checkpoint record      APPEND
-    w/<ns>/<checkpoint id>/<task id>/<i>   one task write         APPEND (i >= 0)
-                                                                  UPSERT (i < 0: special writes)
+    w/<ns>/<checkpoint id>/<task id>/<i>   a task's writes        APPEND (i >= 0: the regular writes
+                                                                  of one put_writes call, packed)
+                                                                  UPSERT (i < 0: one special write)
     b/<sha256>                             a channel value        APPEND, staged
 
 A checkpoint record holds the checkpoint without its channel values, the
@@ -91,6 +92,11 @@ _CACHE_SIZE = 1024
 #: Up to this many checkpoints of one namespace get one writes listing each;
 #: more share one listing of the namespace's writes.
 _PER_CHECKPOINT_LISTINGS = 64
+#: Bytes a packed writes record needs besides its task id, task path and
+#: writes (field names, framing), and an upper bound per write besides its
+#: channel name and value (msgpack headers of the entry, index, name, bytes).
+_PACK_OVERHEAD = 128
+_WRITE_OVERHEAD = 24
 
 
 # -- names --------------------------------------------------------------------
@@ -433,23 +439,76 @@ class SaverFlows:
         task_id: str,
         task_path: str,
     ) -> Flow[None]:
-        """Store one task's writes in one atomic batch (before or after its checkpoint)."""
-        puts: dict[str, Put] = {}
-        labels: dict[str, str] = {}
+        """Store one task's writes in one atomic batch (before or after its checkpoint).
+
+        The regular writes of the call (``idx >= 0``) are packed into one
+        APPEND record named after the first one's index (more records only
+        when they would pass the size cap together); each special write
+        (``idx < 0``) is its own UPSERT record, since the runtime replaces them.
+        """
+        where = f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+        prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
+        special: dict[int, tuple[str, bytes]] = {}
+        regular: list[tuple[int, str, bytes]] = []
         for i, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, i)
-            label = (
-                f"write {idx} ({channel!r}) of task {task_id!r} at checkpoint {cid!r} "
-                f"(thread {p.name!r}, namespace {ns!r})"
-            )
-            payload = {"task_id": task_id, "task_path": task_path, "channel": channel, "idx": idx, "value": value}
-            name = f"{writes_prefix(ns, cid)}{enc(task_id)}/{idx}"
-            mode = Mode.APPEND if idx >= 0 else Mode.UPSERT
-            puts.pop(name, None)  # a repeated special write: the last one wins
-            puts[name] = make_put(name, self._dump(label, payload), mode=mode)
-            labels[name] = label
+            data = self._dump(f"write {idx} ({channel!r}) of {where}", value)
+            if idx < 0:
+                special.pop(idx, None)  # a repeated special write: the last one wins
+                special[idx] = (channel, data)
+            else:
+                regular.append((idx, channel, data))
+        puts: list[Put] = []
+        labels: list[str] = []
+        fixed = len(f"{task_id}{task_path}".encode("utf-8", "surrogatepass"))
+        for chunk in self._chunks(regular, fixed):
+            label = f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}"
+            payload = {"task_id": task_id, "task_path": task_path, "w": [list(w) for w in chunk]}
+            puts.append(make_put(f"{prefix}{chunk[0][0]}", self._dump(label, payload), mode=Mode.APPEND))
+            labels.append(label)
+        for idx, (channel, data) in special.items():
+            label = f"write {idx} ({channel!r}) of {where}"
+            payload = {"task_id": task_id, "task_path": task_path, "w": [[idx, channel, data]]}
+            puts.append(make_put(f"{prefix}{idx}", self._dump(label, payload), mode=Mode.UPSERT))
+            labels.append(label)
         if puts:
-            yield from write_flow(p, list(puts.values()), (), [labels[n] for n in puts])
+            yield from write_flow(p, puts, (), labels)
+
+    def _chunks(self, writes: list[tuple[int, str, bytes]], fixed: int) -> list[list[tuple[int, str, bytes]]]:
+        """Consecutive runs of ``writes`` whose packed record stays under the size cap.
+
+        ``fixed`` is the size of the record's other fields; each write counts
+        with an upper bound of its encoding overhead.
+        """
+        budget = self.max_item_bytes - fixed - _PACK_OVERHEAD
+        chunks: list[list[tuple[int, str, bytes]]] = []
+        size = budget
+        for w in writes:
+            need = len(w[1].encode("utf-8", "surrogatepass")) + len(w[2]) + _WRITE_OVERHEAD
+            if size + need > budget:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(w)
+            size += need
+        return chunks
+
+    def _pending(self, rec: Record, where: str) -> list[tuple[str, str, int, str, Any]]:
+        """The writes of one writes record as ``(task_path, task_id, idx, channel, value)``.
+
+        Reads both layouts: a packed record (``w``: ``[idx, channel, framed
+        value]`` each) and the earlier one-write record.
+        """
+        label = f"write {rec.name!r} of {where}"
+        payload = self._load(label, rec)
+        try:
+            if "w" not in payload:  # written by 0.1: one write per record
+                return [(payload["task_path"], payload["task_id"], payload["idx"], payload["channel"], payload["value"])]
+            return [
+                (payload["task_path"], payload["task_id"], idx, channel, self._loads(label, bytes(data)))
+                for idx, channel, data in payload["w"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
 
     # -- read -----------------------------------------------------------------
 
@@ -501,11 +560,8 @@ class SaverFlows:
                 writes.setdefault(rec.name.rsplit("/", 2)[0] + "/", []).append(rec)
         out: list[Found] = []
         for s in stored:
-            pending = []
-            for rec in writes.get(writes_prefix(s.ns, s.cid), []):
-                w = self._load(f"write {rec.name!r} of {where}", rec)
-                pending.append(w)
-            pending.sort(key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
+            pending = [w for rec in writes.get(writes_prefix(s.ns, s.cid), []) for w in self._pending(rec, where)]
+            pending.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
             channel_values = {ch: values[d] for ch, d in s.blobs.items()}
             for ch, data in s.inline.items():
                 channel_values[ch] = self._loads(f"channel {ch!r} of checkpoint {s.cid!r} of {where}", data)
@@ -518,7 +574,7 @@ class SaverFlows:
                     s.parent,
                     checkpoint,
                     s.metadata,  # type: ignore[arg-type]
-                    [(w["task_id"], w["channel"], w["value"]) for w in pending],
+                    [(w[1], w[3], w[4]) for w in pending],
                 )
             )
         return out

@@ -372,6 +372,26 @@ def test_over_cap_value_raises_and_stores_nothing(backend: Backend, user: str) -
     assert len(records(backend, user, "t")) == len(before)
 
 
+def test_writes_of_one_call_are_packed_under_the_cap(backend: Backend, user: str) -> None:
+    small = Checkpointer(backend, max_item_bytes=10_000).for_user(user)
+    stored = put(small, cfg("t"), x=1)
+    values = [str(i) * 4_000 for i in range(3)]  # fit alone, not all three in one record
+    small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", values[2]), (INTERRUPT, "i")], "task")
+    small.put_writes(stored, [("d", 1), ("e", 2)], "other")
+    tails = sorted(r.name.split("/", 3)[3] for r in records(backend, user, "t", "w/"))
+    assert tails == ["_other/0", "_task/-3", "_task/0", "_task/2"]  # 0..1 packed, 2 alone (cap), the special write
+    tup = small.get_tuple(cfg("t"))
+    assert tup is not None
+    assert sorted(tup.pending_writes) == sorted(
+        [("task", "a", values[0]), ("task", "b", values[1]), ("task", "c", values[2]), ("task", INTERRUPT, "i"),
+         ("other", "d", 1), ("other", "e", 2)]
+    )
+    small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", values[2])], "task")  # a re-save: no-op
+    with pytest.raises(StepMismatchError):
+        small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", "changed")], "task")
+    assert len(records(backend, user, "t", "w/")) == 4
+
+
 def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Checkpointer, backend: Backend, user: str) -> None:
     cp = ckpt(fine=1, bad=lambda: None)
     with pytest.raises(TypeError, match="'bad'.*cannot serialize.*nothing was written"):

@@ -42,9 +42,11 @@ nothing. Each record is
   256 characters are stored as ``sha256:<hex>`` of the value.
 
 ``get_latest`` and ``list_checkpoint_ids`` query that index (tag ``workflow``,
-ordered by the store-assigned write sequence), they never read every
-checkpoint. "Latest" is the checkpoint saved last, never the one with the
-largest timestamp: timestamps tie and go backwards, write sequences do not.
+ordered by the store-assigned write sequence), they never decode every
+checkpoint; ``get_latest`` reads one record. (On S3, ``list_checkpoint_ids``
+still GETs each listed record to confirm its index entry: see that method.)
+"Latest" is the checkpoint saved last, never the one with the largest
+timestamp: timestamps tie and go backwards, write sequences do not.
 
 Decoding is restricted to the framework's safe types plus
 ``allowed_checkpoint_types`` (``"module:qualname"`` strings, as for the
@@ -382,7 +384,13 @@ class IsolatedCheckpointStorage:
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
         """Ids of this user's checkpoints of ``workflow_name``, oldest saved first.
 
-        Read from the index (tags only): no checkpoint body is read or decoded.
+        Read from the index (tags only): no checkpoint is decoded. On SQLite,
+        Redis and memory no checkpoint body is read either. On S3 each index
+        entry is confirmed by GETting its record (one request per checkpoint,
+        values dropped): entries are written before their records, so an entry
+        alone may name a checkpoint that was never written, deleted or
+        rewritten, and only the record's header proves it. Prefer
+        :meth:`get_latest` (one LIST and one GET) on S3 hot paths.
         """
         return await arun(self._ids_flow(workflow_name), self.backend)
 

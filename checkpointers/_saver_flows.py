@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from json.encoder import encode_basestring_ascii as _json_str
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,7 +68,7 @@ from ._flows import (
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size, check_tags
 from ._names import encode_component as enc
 from .backends.base import Delete, ListQuery, Mode, Put, Record
-from .errors import CorruptItemError
+from .errors import CorruptItemError, ItemTooLargeError
 
 __all__ = ["SPACE", "Found", "SaverFlows", "metadata_tags", "tag_value"]
 
@@ -151,7 +152,7 @@ def tag_value(value: object) -> str | None:
             return None
         out = str(int(value)) if value.is_integer() else json.dumps(float(value))
     elif isinstance(value, str):
-        out = json.dumps(str(value))
+        out = _json_str(str(value))  # == json.dumps(value), without building an encoder
     else:
         return None
     return out if len(out) <= MAX_TAG_VALUE_LENGTH else None
@@ -243,11 +244,17 @@ class Found:
     pending_writes: list[PendingWrite]
 
 
+_HEADERS: dict[str, bytes] = {}
+
+
 def _frame(typed: tuple[str, bytes]) -> bytes:
-    kind = typed[0].encode("utf-8")
-    if len(kind) > 255:
-        raise TypeError(f"serializer type name {typed[0]!r} is over 255 bytes")
-    return bytes([len(kind)]) + kind + bytes(typed[1])
+    header = _HEADERS.get(typed[0])
+    if header is None:
+        kind = typed[0].encode("utf-8")
+        if len(kind) > 255:
+            raise TypeError(f"serializer type name {typed[0]!r} is over 255 bytes")
+        header = _HEADERS.setdefault(typed[0], bytes([len(kind)]) + kind) if len(_HEADERS) < 64 else bytes([len(kind)]) + kind
+    return header + bytes(typed[1])
 
 
 def _unframe(data: bytes) -> tuple[str, bytes]:
@@ -448,65 +455,76 @@ class SaverFlows:
         """
         where = f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
         prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
-        special: dict[int, tuple[str, bytes]] = {}
-        regular: list[tuple[int, str, bytes]] = []
+        special: dict[int, tuple[str, Any]] = {}
+        regular: list[tuple[int, str, Any]] = []
         for i, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, i)
-            data = self._dump(f"write {idx} ({channel!r}) of {where}", value)
             if idx < 0:
                 special.pop(idx, None)  # a repeated special write: the last one wins
-                special[idx] = (channel, data)
+                special[idx] = (channel, value)
             else:
-                regular.append((idx, channel, data))
+                regular.append((idx, channel, value))
         puts: list[Put] = []
         labels: list[str] = []
-        fixed = len(f"{task_id}{task_path}".encode("utf-8", "surrogatepass"))
-        for chunk in self._chunks(regular, fixed):
-            label = f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}"
-            payload = {"task_id": task_id, "task_path": task_path, "w": [list(w) for w in chunk]}
-            puts.append(make_put(f"{prefix}{chunk[0][0]}", self._dump(label, payload), mode=Mode.APPEND))
-            labels.append(label)
-        for idx, (channel, data) in special.items():
+        for chunk, data in self._packed(regular, task_id, task_path, where):
+            puts.append(make_put(f"{prefix}{chunk[0][0]}", data, mode=Mode.APPEND))
+            labels.append(f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}")
+        for idx, (channel, value) in special.items():
             label = f"write {idx} ({channel!r}) of {where}"
-            payload = {"task_id": task_id, "task_path": task_path, "w": [[idx, channel, data]]}
+            payload = {"task_id": task_id, "task_path": task_path, "w": [[idx, channel, value]]}
             puts.append(make_put(f"{prefix}{idx}", self._dump(label, payload), mode=Mode.UPSERT))
             labels.append(label)
         if puts:
             yield from write_flow(p, puts, (), labels)
 
-    def _chunks(self, writes: list[tuple[int, str, bytes]], fixed: int) -> list[list[tuple[int, str, bytes]]]:
-        """Consecutive runs of ``writes`` whose packed record stays under the size cap.
+    def _packed(
+        self, writes: list[tuple[int, str, Any]], task_id: str, task_path: str, where: str
+    ) -> list[tuple[list[tuple[int, str, Any]], bytes]]:
+        """``writes`` as records of at most the size cap: ``(writes, serialized record)`` each.
 
-        ``fixed`` is the size of the record's other fields; each write counts
-        with an upper bound of its encoding overhead.
+        One record holding all of them when it fits (one serialization);
+        otherwise each write is serialized alone (a write over the cap or
+        that cannot be serialized raises, naming it) and consecutive runs are
+        packed while their sizes fit.
         """
-        budget = self.max_item_bytes - fixed - _PACK_OVERHEAD
-        chunks: list[list[tuple[int, str, bytes]]] = []
+        if not writes:
+            return []
+
+        def dump(chunk: list[tuple[int, str, Any]]) -> bytes:
+            payload = {"task_id": task_id, "task_path": task_path, "w": [list(w) for w in chunk]}
+            return self._dump(f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}", payload)
+
+        try:
+            return [(writes, dump(writes))]
+        except (ItemTooLargeError, TypeError):
+            if len(writes) == 1:
+                raise  # already names the write
+        fixed = len(f"{task_id}{task_path}".encode("utf-8", "surrogatepass")) + _PACK_OVERHEAD
+        budget = self.max_item_bytes - fixed
+        chunks: list[list[tuple[int, str, Any]]] = []
         size = budget
-        for w in writes:
-            need = len(w[1].encode("utf-8", "surrogatepass")) + len(w[2]) + _WRITE_OVERHEAD
+        for idx, channel, value in writes:
+            alone = self._dump(f"write {idx} ({channel!r}) of {where}", value)
+            need = len(channel.encode("utf-8", "surrogatepass")) + len(alone) + _WRITE_OVERHEAD
             if size + need > budget:
                 chunks.append([])
                 size = 0
-            chunks[-1].append(w)
+            chunks[-1].append((idx, channel, value))
             size += need
-        return chunks
+        return [(chunk, dump(chunk)) for chunk in chunks]
 
     def _pending(self, rec: Record, where: str) -> list[tuple[str, str, int, str, Any]]:
         """The writes of one writes record as ``(task_path, task_id, idx, channel, value)``.
 
-        Reads both layouts: a packed record (``w``: ``[idx, channel, framed
-        value]`` each) and the earlier one-write record.
+        Reads both layouts: a packed record (``w``: ``[idx, channel, value]``
+        each) and the earlier one-write record.
         """
         label = f"write {rec.name!r} of {where}"
         payload = self._load(label, rec)
         try:
             if "w" not in payload:  # written by 0.1: one write per record
                 return [(payload["task_path"], payload["task_id"], payload["idx"], payload["channel"], payload["value"])]
-            return [
-                (payload["task_path"], payload["task_id"], idx, channel, self._loads(label, bytes(data)))
-                for idx, channel, data in payload["w"]
-            ]
+            return [(payload["task_path"], payload["task_id"], idx, ch, value) for idx, ch, value in payload["w"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
 

@@ -90,6 +90,7 @@ import sqlite3
 import threading
 import time
 import warnings
+from json.encoder import encode_basestring_ascii as _json_str
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -273,8 +274,8 @@ def _retrying(timeout: float, fn: Callable[..., T], *args: Any) -> T:
 
 
 def _text(value: str) -> str:
-    """Injective ASCII form of any Python string (used for tag keys and values)."""
-    return json.dumps(value)
+    """Injective ASCII form of any Python string (used for tag keys and values): its JSON."""
+    return _json_str(value)  # == json.dumps(value)
 
 
 def _blob(value: str) -> bytes:
@@ -287,9 +288,10 @@ def _unblob(value: bytes) -> str:
 
 
 def _tags_json(tags: Mapping[str, str]) -> str:
+    """``json.dumps(tags, sort_keys=True, separators=(",", ":"))`` for str -> str tags, built directly."""
     if not tags:  # most records (blobs, writes)
         return "{}"
-    return json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
+    return "{" + ",".join(f"{_json_str(k)}:{_json_str(v)}" for k, v in sorted(tags.items())) + "}"
 
 
 def _record(row: Sequence[Any]) -> Record:
@@ -495,14 +497,11 @@ def _write(
         retagged += [d.name for d in deletes]
         if retagged:
             conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
-        conn.executemany(
-            "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)",
-            [
-                (pkey, puts[i].name, _text(k), _text(v), seqs[i])
-                for i in applied
-                for k, v in puts[i].tags.items()
-            ],
-        )
+        tag_rows = [
+            (pkey, puts[i].name, _text(k), _text(v), seqs[i]) for i in applied for k, v in puts[i].tags.items()
+        ]
+        if tag_rows:
+            conn.executemany("INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)", tag_rows)
         if deletes:
             gone = [existing[d.name].seq for d in deletes if d.name in existing]
             if gone:

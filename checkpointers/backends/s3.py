@@ -494,6 +494,16 @@ class S3Backend(Backend):
 
     def _delete_obj(self, key: str, match: str | None = None) -> bool:
         """DELETE ``key``, conditioned on its S3 ETag when ``match``; False if the condition failed."""
+        return self._delete_outcome(key, match) == "deleted"
+
+    def _delete_outcome(self, key: str, match: str | None = None) -> str:
+        """DELETE ``key`` (conditioned on its S3 ETag when ``match``) and say what happened.
+
+        ``"deleted"``; ``"refused"`` (another ETag is stored); ``"absent"``
+        (nothing was there when the request arrived); ``"absent-after-retry"``
+        (botocore retried the request, so an earlier attempt may be what
+        deleted it: S3 cannot tell).
+        """
         from botocore.exceptions import ClientError
 
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
@@ -501,16 +511,19 @@ class S3Backend(Backend):
             if self.conditional_writes:
                 args["IfMatch"] = match
             elif not self._holds(key, False, match):
-                return False
+                return "refused"
         try:
             self.client.delete_object(**args)
-            return True
+            return "deleted"
         except ClientError as exc:
             if "IfMatch" not in args:
                 raise
             self._check_conditional_support(exc)
-            if _code(exc) in _PRECONDITION_CODES | _MISSING_CODES or _status(exc) in (404, 409, 412):
-                return False
+            if _code(exc) in _MISSING_CODES or _status(exc) == 404:
+                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                return "absent-after-retry" if retried else "absent"
+            if _code(exc) in _PRECONDITION_CODES or _status(exc) in (409, 412):
+                return "refused"
             raise
 
     def _holds(self, key: str, absent: bool, match: str | None) -> bool:
@@ -766,11 +779,15 @@ class S3Backend(Backend):
         (cur,) = self._read(pkey, [delete.name])
         if cur is None or cur.record is None or cur.record.etag != delete.if_match:
             return Conflict(0, delete.name, cur.record if cur else None)
-        if not self._delete_obj(key, cur.s3etag):
-            (now,) = self._read(pkey, [delete.name])
-            if now is not None and now.record is not None:  # absent: ours landed, response lost
-                return Conflict(0, delete.name, now.record)
-        return None
+        outcome = self._delete_outcome(key, cur.s3etag)
+        if outcome == "deleted":
+            return None
+        (now,) = self._read(pkey, [delete.name])
+        if now is not None and now.record is not None:
+            return Conflict(0, delete.name, now.record)
+        if outcome == "absent-after-retry":
+            return None  # an earlier attempt of ours landed and its response was lost
+        return Conflict(0, delete.name, None)  # another writer deleted it first
 
     def _optimistic(self, pkey: str, puts: list[Put], seqs: list[int]) -> list[Record] | Conflict | None:
         """Several puts expected on absent names: no pre-read, the manifest's DELETE commits.

@@ -141,13 +141,18 @@ async def check_concurrent_if_match_one_winner(api: Api) -> None:
 
 
 async def check_delete(api: Api) -> None:
-    """delete_item reports existence; if_match guards it."""
+    """delete_item reports whether it deleted (one winner among concurrent deletes); if_match guards it."""
     item = await api.set("s", "k", 1)
     await _raises(ConcurrencyError, api.delete("s", "k", if_match="stale"), "delete stale etag")
     assert await api.get("s", "k") is not None
     assert await api.delete("s", "k", if_match=item.etag) is True
     assert await api.get("s", "k") is None
     assert await api.delete("s", "k") is False
+    for _ in range(5):  # of concurrent deletes of one item, exactly one deleted it
+        await api.set("s", "k", 1)
+        done = await asyncio.gather(*(api.delete("s", "k") for _ in range(4)))
+        assert sorted(done) == [False, False, False, True], f"concurrent deletes returned {done}"
+        assert await api.get("s", "k") is None
 
 
 async def check_append_only_steps(api: Api) -> None:

@@ -960,12 +960,73 @@ class RedisBackend(Backend):
 
     # -- running operations -------------------------------------------------
 
-    def _queue(self, pipe: Any, command: _Command, use_sha: bool) -> None:
+    @staticmethod
+    def _args(command: _Command, use_sha: bool) -> tuple[Any, ...]:
+        """The wire arguments of ``command``."""
         if isinstance(command, _Eval):
             head = ("EVALSHA", command.script.sha) if use_sha else ("EVAL", command.script.source)
-            pipe.execute_command(*head, len(command.keys), *command.keys, *command.args)
-        else:
-            pipe.execute_command(*command)
+            return (*head, len(command.keys), *command.keys, *command.args)
+        return tuple(command)
+
+    def _wire(self, call: _Call, use_sha: bool) -> list[tuple[Any, ...]]:
+        """Every command of ``call`` as wire arguments, plus the script reloads an EVAL round carries."""
+        args = [self._args(c, use_sha) for c in call.commands]
+        if not use_sha and not self.cluster:
+            # The server lost its script cache (restart, fail-over, FLUSH):
+            # reload the other scripts on the way, so they do not each cost
+            # a NOSCRIPT round trip of their own. (A cluster routes SCRIPT
+            # LOAD to one node only: there each script reloads on first use.)
+            used = {c.script for c in call.commands if isinstance(c, _Eval)}
+            args += [("SCRIPT", "LOAD", script.source) for script in _SCRIPTS if script not in used]
+        return args
+
+    def _direct(self, client: Any, call: _Call, use_sha: bool) -> list[Any]:
+        """Send ``call`` as one packed write on a pooled connection and read every reply.
+
+        What ``pipeline(transaction=False).execute(raise_on_error=False)``
+        does for a standalone client, without the pipeline object: the same
+        packing, reply parsing and callbacks, error replies returned in
+        place. A connection that failed mid-way is dropped, never reused.
+        """
+        wire = self._wire(call, use_sha)
+        pool = client.connection_pool
+        self.round_trips += 1  # an attempt counts, as a pipeline did, even if connecting fails
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands(wire))
+            replies: list[Any] = []
+            for args in wire:
+                try:
+                    replies.append(client.parse_response(conn, args[0]))
+                except rex.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    async def _adirect(self, client: Any, call: _Call, use_sha: bool) -> list[Any]:
+        """Async :meth:`_direct` (``redis.asyncio`` standalone client)."""
+        wire = self._wire(call, use_sha)
+        pool = client.connection_pool
+        self.round_trips += 1
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(wire))
+            replies: list[Any] = []
+            for args in wire:
+                try:
+                    replies.append(await client.parse_response(conn, args[0]))
+                except rex.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
 
     def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:
         """The results, ``None`` to re-send with EVAL, or raise the first error."""
@@ -985,19 +1046,10 @@ class RedisBackend(Backend):
         return min(self.retry_backoff * 2**attempt, self.retry_backoff_max) * (0.5 + random.random() / 2)
 
     def _pipeline(self, client: Any, call: _Call, use_sha: bool) -> Any:
-        """The pipeline that sends ``call`` (counted as one round trip)."""
+        """The cluster pipeline that sends ``call`` (counted as one round trip)."""
         pipe = client.pipeline(transaction=False)
-        for command in call.commands:
-            self._queue(pipe, command, use_sha)
-        if not use_sha and not self.cluster:
-            # The server lost its script cache (restart, fail-over, FLUSH):
-            # reload the other scripts on the way, so they do not each cost
-            # a NOSCRIPT round trip of their own. (A cluster routes SCRIPT
-            # LOAD to one node only: there each script reloads on first use.)
-            used = {c.script for c in call.commands if isinstance(c, _Eval)}
-            for script in _SCRIPTS:
-                if script not in used:
-                    pipe.execute_command("SCRIPT", "LOAD", script.source)
+        for args in self._wire(call, use_sha):
+            pipe.execute_command(*args)
         self.round_trips += 1
         return pipe
 
@@ -1007,9 +1059,12 @@ class RedisBackend(Backend):
             while True:
                 try:
                     for use_sha in (True, False):
-                        pipe = self._pipeline(self._sync_client(), call, use_sha)
-                        replies = pipe.execute(raise_on_error=False)[: len(call.commands)]
-                        results = self._results(replies, use_sha)
+                        client = self._sync_client()
+                        if self.cluster:
+                            replies = self._pipeline(client, call, use_sha).execute(raise_on_error=False)
+                        else:
+                            replies = self._direct(client, call, use_sha)
+                        results = self._results(replies[: len(call.commands)], use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:
@@ -1022,9 +1077,12 @@ class RedisBackend(Backend):
             while True:
                 try:
                     for use_sha in (True, False):
-                        pipe = self._pipeline(await self._async_client(), call, use_sha)
-                        replies = (await pipe.execute(raise_on_error=False))[: len(call.commands)]
-                        results = self._results(replies, use_sha)
+                        client = await self._async_client()
+                        if self.cluster:
+                            replies = await self._pipeline(client, call, use_sha).execute(raise_on_error=False)
+                        else:
+                            replies = await self._adirect(client, call, use_sha)
+                        results = self._results(replies[: len(call.commands)], use_sha)
                         if results is not None:
                             return _Reply(results, retried=attempt > 0 or not use_sha)
                 except DRIVER_ERRORS as exc:

@@ -396,11 +396,15 @@ def thread_config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
-def raw_ops(saver: Any, thread_id: str, count: int, *, writes: bool = True, reads: bool = True) -> Flow:
+def raw_ops(
+    saver: Any, thread_id: str, count: int, *, writes: bool = True, reads: bool = True, blobs: bool = False
+) -> Flow:
     """``count`` checkpoints, each changing 2 channels (a counter and ~1 KB of new text).
 
     With ``writes``, each checkpoint gets 2 pending writes; with ``reads``, the
-    latest checkpoint is read back and the last 10 are listed.
+    latest checkpoint is read back and the last 10 are listed. With ``blobs``,
+    both channels are ~4 KB texts instead, over any saver's inline limit, so
+    a put stores 2 new values of their own (what (e) counts requests for).
     """
     from langgraph.checkpoint.base import empty_checkpoint
     from langgraph.checkpoint.base.id import uuid6
@@ -417,6 +421,8 @@ def raw_ops(saver: Any, thread_id: str, count: int, *, writes: bool = True, read
             new_versions[channel] = versions[channel]
         checkpoint["channel_versions"] = dict(versions)
         checkpoint["channel_values"] = {"counter": i, "payload": f"{thread_id}:{i:08d}:{CHUNK}"}
+        if blobs:
+            checkpoint["channel_values"] = {ch: f"{ch}:{thread_id}:{i:08d}:{CHUNK * 4}" for ch in new_versions}
         metadata = {"source": "loop", "step": i, "parents": {}}
         config = yield Op("put", "put", (config, checkpoint, metadata, new_versions))
         if writes:
@@ -800,7 +806,7 @@ def workload_requests(ctx: Context) -> Table:
             self.counts: dict[str, tuple[int, dict[str, int]]] = {}
 
         def flow(self, saver: Any) -> Flow:
-            inner = raw_ops(saver, "req", 1)
+            inner = raw_ops(saver, "req", 1, blobs=True)
             result = None
             try:
                 op = next(inner)

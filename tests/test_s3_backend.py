@@ -139,16 +139,17 @@ class Crash(BaseException):
 def test_crash_before_visible_put_keeps_previous_checkpoint(s3: S3Backend) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
 
+    from checkpointers._saver_flows import _INLINE_MAX
     from checkpointers.savers import Checkpointer
 
     saver = Checkpointer(s3)
     cfg = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
     cp1 = empty_checkpoint()
-    cp1["channel_values"] = {"x": "one" * 100}  # over the inline limit: a blob
+    cp1["channel_values"] = {"x": "o" * (_INLINE_MAX + 1)}  # over the inline limit: a blob
     cp1["channel_versions"] = {"x": "1"}
     cfg1 = saver.put(cfg, cp1, {"step": 1}, {"x": "1"})
     cp2 = empty_checkpoint()
-    cp2["channel_values"] = {"x": "two" * 100}
+    cp2["channel_values"] = {"x": "t" * (_INLINE_MAX + 1)}
     cp2["channel_versions"] = {"x": "2"}
 
     blob_marker = quote("/r/" + _invert("b/"), safe="/~")
@@ -171,7 +172,7 @@ def test_crash_before_visible_put_keeps_previous_checkpoint(s3: S3Backend) -> No
 
     latest = saver.get_tuple(cfg)
     assert latest is not None and latest.checkpoint["id"] == cp1["id"]
-    assert latest.checkpoint["channel_values"] == {"x": "one" * 100}
+    assert latest.checkpoint["channel_values"] == {"x": "o" * (_INLINE_MAX + 1)}
     assert [t.checkpoint["id"] for t in saver.list(cfg)] == [cp1["id"]]
     blobs = [k for k in _raw_keys(s3) if "/r/" + _invert("b/") in k]
     assert len(blobs) == 2, "the orphan blob of the crashed put should be there"
@@ -180,7 +181,7 @@ def test_crash_before_visible_put_keeps_previous_checkpoint(s3: S3Backend) -> No
     blobs = [k for k in _raw_keys(s3) if "/r/" + _invert("b/") in k]
     assert len(blobs) == 1
     again = saver.get_tuple(cfg)
-    assert again is not None and again.checkpoint["channel_values"] == {"x": "one" * 100}
+    assert again is not None and again.checkpoint["channel_values"] == {"x": "o" * (_INLINE_MAX + 1)}
 
 
 def test_crash_mid_batch_is_rolled_forward_or_aborted(s3: S3Backend) -> None:

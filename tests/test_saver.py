@@ -32,6 +32,9 @@ from checkpointers.savers import (
 
 # -- helpers ------------------------------------------------------------------
 
+#: A string length whose serialization is over the inline limit (stored as a blob).
+OVER_INLINE = _saver_flows._INLINE_MAX + 1
+
 
 def cfg(thread: Any, ns: str = "", cid: str | None = None, **extra: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns, **extra}
@@ -52,7 +55,7 @@ def put(saver: Checkpointer, config: dict[str, Any], metadata: dict[str, Any] | 
 
 def _big(i: int) -> str:
     """A distinct value over the inline limit, so it is stored as a blob."""
-    return f"{i}:" + "x" * 300
+    return f"{i}:" + "x" * OVER_INLINE
 
 
 def chain(saver: Checkpointer, thread: Any, n: int, ns: str = "", big: bool = False, **meta: Any) -> list[dict[str, Any]]:
@@ -405,7 +408,7 @@ def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Chec
 
 def test_equal_values_are_stored_once(saver: Checkpointer, backend: Backend, user: str) -> None:
     value = "v" * 50_000
-    one, two = "1" * 300, "2" * 300  # over the inline limit: blobs too
+    one, two = "1" * OVER_INLINE, "2" * OVER_INLINE  # over the inline limit: blobs too
     first = ckpt(big=value, other=one)
     saver.put(cfg("t"), first, {}, {"big": "1", "other": "1"})
     second = generate_checkpoint(channel_values={"big": value, "other": two}, channel_versions={"big": "2", "other": "2"})
@@ -431,7 +434,7 @@ def test_unchanged_channels_come_from_the_parent_also_in_a_new_process(backend: 
 
 
 def test_small_values_live_inside_the_checkpoint_record(saver: Checkpointer, backend: Backend, user: str) -> None:
-    big = "b" * 1_000
+    big = "b" * OVER_INLINE
     first = put(saver, cfg("t"), x=1, s="small", big=big)
     assert len(records(backend, user, "t", "b/")) == 1  # only the large value has a blob
     second = generate_checkpoint(channel_values={"x": 2}, channel_versions={"x": "2", "s": "1", "big": "1"})
@@ -482,7 +485,7 @@ def _tamper(backend: Backend, user: str, thread: str, prefix: str, value: bytes 
 
 @pytest.mark.parametrize("prefix", ["c/", "b/", "w/"])
 def test_altered_bytes_raise_corrupt_item_error(saver: Checkpointer, backend: Backend, user: str, prefix: str) -> None:
-    stored = put(saver, cfg("t"), x="precious" * 100)  # a blob (not inline)
+    stored = put(saver, cfg("t"), x="p" * OVER_INLINE)  # a blob (not inline)
     saver.put_writes(stored, [("c", "write")], "task")
     _tamper(backend, user, "t", prefix)
     with pytest.raises(CorruptItemError):

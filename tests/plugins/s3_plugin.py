@@ -61,16 +61,19 @@ _MOTO_WRITE_LOCK = threading.Lock()
 
 
 def _make_moto_conditional_writes_atomic() -> None:
-    """Serialize moto's object PUT/DELETE handlers, as S3 applies a conditional write atomically.
+    """Serialize moto's object GET/HEAD/PUT/DELETE handlers, as S3 applies each atomically.
 
     moto checks ``If-Match``/``If-None-Match`` and then stores the object in two
     steps without a lock, so two racing conditional writes can both pass (real
-    S3 lets exactly one win). Both moto forms run in this process, so one lock
-    around the handlers gives them S3's semantics. Idempotent.
+    S3 lets exactly one win). And a GET copies the object's bytes out of a
+    buffer that a concurrent DELETE or overwrite closes, so it can fail with
+    ``ValueError: I/O operation on closed file`` (real S3 returns the old
+    object or 404). Both moto forms run in this process, so one lock around
+    the handlers gives them S3's semantics. Idempotent.
     """
     from moto.s3.responses import S3Response
 
-    for name in ("put_object", "delete_object"):
+    for name in ("get_object", "head_object", "put_object", "delete_object"):
         method = getattr(S3Response, name)
         if getattr(method, "_atomic", False):
             continue

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import json
 import math
-from json.encoder import encode_basestring_ascii as _json_str
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from langgraph.checkpoint.base import (
@@ -248,6 +248,7 @@ class Found:
     pending_writes: list[PendingWrite]
 
 
+#: Frame headers (length byte + type name) by serializer type name.
 _HEADERS: dict[str, bytes] = {}
 
 
@@ -257,7 +258,9 @@ def _frame(typed: tuple[str, bytes]) -> bytes:
         kind = typed[0].encode("utf-8")
         if len(kind) > 255:
             raise TypeError(f"serializer type name {typed[0]!r} is over 255 bytes")
-        header = _HEADERS.setdefault(typed[0], bytes([len(kind)]) + kind) if len(_HEADERS) < 64 else bytes([len(kind)]) + kind
+        header = bytes([len(kind)]) + kind
+        if len(_HEADERS) < 64:  # a serializer has a handful of type names; never grow without bound
+            _HEADERS[typed[0]] = header
     return header + bytes(typed[1])
 
 

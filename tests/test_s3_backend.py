@@ -292,6 +292,21 @@ def test_past_the_retry_bound_nothing_is_half_visible(
     assert (got is not None and got.value == b"x") if landed else got is None
 
 
+def test_conditional_delete_whose_response_was_lost_is_ours(s3: S3Backend) -> None:
+    """One 500 on the DELETE: botocore retries it. In process the first attempt
+    landed (its response was lost), so the retry finds nothing: still our delete,
+    not another writer's; over HTTP the retry itself deletes."""
+    p = Partition("u", "items", "s")
+    rec = s3.write(p, [make_put("k", b"v")]).records[0]
+    faults = Faults(s3, 500, "InternalError", lambda r: r.method == "DELETE" and "/r/" in r.url, times=1)
+    try:
+        result = s3.write(p, [], [Delete("k", if_match=rec.etag)])
+    finally:
+        faults.remove()
+    assert faults.hits == 1 and result.conflict is None
+    assert s3.get(p, ["k"]) == [None]
+
+
 # -- request counts --------------------------------------------------------------
 
 

@@ -90,9 +90,9 @@ import sqlite3
 import threading
 import time
 import warnings
-from json.encoder import encode_basestring_ascii as _json_str
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit

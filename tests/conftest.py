@@ -24,6 +24,8 @@ pytest_plugins = ["tests.plugins.redis_plugin", "tests.plugins.s3_plugin"]
 #: Every backend the shared test bodies run against.
 BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_cluster", "s3", "s3_http"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+#: Per-test timeout under --deep (the default, 300 s, is in pyproject.toml).
+DEEP_TIMEOUT = 3600
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,6 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Deep checks are deselected (not skipped) without --deep, so the summary
     # never counts them as run: "N deselected" says what was left out.
     if config.getoption("--deep"):
+        # Hundreds of examples per property take minutes per test on S3 over
+        # HTTP (the langgraph isolation property went past the 300 s default).
+        for item in items:
+            item.add_marker(pytest.mark.timeout(DEEP_TIMEOUT))
         return
     deep = [item for item in items if "deep" in item.keywords]
     if deep:

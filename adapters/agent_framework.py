@@ -80,7 +80,7 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
-from checkpointers._flows import Flow, GetOp, ListOp, WriteOp, arun, make_put, verified, write_flow
+from checkpointers._flows import Flow, GetOp, ListOp, arun, delete_present_flow, make_put, verified, write_flow
 from checkpointers._names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
@@ -92,7 +92,7 @@ from checkpointers._names import (
     validate_user,
 )
 from checkpointers.backends import Backend, open_backend
-from checkpointers.backends.base import Delete, ListQuery, Mode, Put, Record
+from checkpointers.backends.base import ListQuery, Mode, Put, Record
 from checkpointers.errors import (
     CheckpointerError,
     CorruptItemError,
@@ -369,7 +369,10 @@ class IsolatedCheckpointStorage:
         return await arun(self._list_flow(workflow_name), self.backend)
 
     async def delete(self, checkpoint_id: str) -> bool:
-        """Delete this user's checkpoint ``checkpoint_id``; return whether it existed."""
+        """Delete this user's checkpoint ``checkpoint_id``; return whether this call deleted it.
+
+        Of concurrent deletes of one checkpoint, exactly one returns ``True``.
+        """
         return await arun(self._delete_flow(checkpoint_id), self.backend)
 
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
@@ -524,13 +527,8 @@ class IsolatedCheckpointStorage:
         return [_id_of(r) for r in records]
 
     def _delete_flow(self, checkpoint_id: str) -> Flow[bool]:
-        name = _record_name(_check_id(checkpoint_id))
-        (record,) = yield GetOp(self.partition, [name])
-        if record is None:
-            return False
-        # Conditional on the etag we saw: of two concurrent deletes, one returns True.
-        result = yield WriteOp(self.partition, (), (Delete(name, if_match=record.etag),))
-        return result.conflict is None
+        checkpoint_id = _check_id(checkpoint_id)
+        return (yield from delete_present_flow(self.partition, _record_name(checkpoint_id), checkpoint_id))
 
     # -- lifecycle ---------------------------------------------------------
 

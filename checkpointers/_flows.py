@@ -36,6 +36,7 @@ __all__ = [
     "PartitionsOp",
     "WriteOp",
     "arun",
+    "delete_present_flow",
     "digest",
     "make_put",
     "new_etag",
@@ -247,3 +248,25 @@ def write_flow(
     result: WriteResult = yield WriteOp(partition, tuple(puts), tuple(deletes))
     raise_conflict(result, puts, deletes, labels)
     return list(result.records)
+
+
+#: How often :func:`delete_present_flow` reads again when the record keeps changing under it.
+DELETE_ATTEMPTS = 16
+
+
+def delete_present_flow(partition: Partition, name: str, label: str) -> Flow[bool]:
+    """Delete record ``name`` if present; return whether *this call* deleted it.
+
+    The delete is conditioned on the etag just read, and read again if the
+    record changed in between, so of concurrent deletes exactly one returns
+    True. After :data:`DELETE_ATTEMPTS` changes in a row: ``ConcurrencyError``.
+    """
+    for _ in range(DELETE_ATTEMPTS):
+        (record,) = yield GetOp(partition, [name])
+        if record is None:
+            return False
+        result: WriteResult = yield WriteOp(partition, (), (Delete(name, record.etag),))
+        if result.conflict is None:
+            return True
+    changed = result.conflict.existing if result.conflict else None
+    raise ConcurrencyError(label, record.etag, changed.etag if changed else None)

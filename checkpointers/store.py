@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._flows import Flow, GetOp, ListOp, WriteOp, arun, make_put, run, verified, write_flow
+from ._flows import Flow, GetOp, ListOp, arun, delete_present_flow, make_put, run, verified, write_flow
 from ._names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
@@ -36,15 +36,13 @@ from ._names import (
     validate_scope,
     validate_user,
 )
-from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
-from .errors import ConcurrencyError, CorruptItemError, IsolationError
+from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record
+from .errors import CorruptItemError, IsolationError
 
 __all__ = ["Batch", "Item", "Store", "STEP_PREFIX"]
 
 SPACE = "items"
 STEP_PREFIX = "steps/"
-#: How often ``delete_item`` reads again when the item keeps changing under it.
-_DELETE_ATTEMPTS = 16
 _BYTES, _JSON = b"b", b"j"
 
 
@@ -250,18 +248,7 @@ class Store:
         if if_match is not None:  # refused unless the item is there with that etag
             yield from write_flow(partition, [], [Delete(name, if_match)], [key])
             return True
-        # "Did it exist?" must describe what this call deleted: the delete is
-        # conditioned on the etag just read, and read again if the item
-        # changed in between, so two concurrent deletes never both say True.
-        for _ in range(_DELETE_ATTEMPTS):
-            (record,) = yield GetOp(partition, [name])
-            if record is None:
-                return False
-            result: WriteResult = yield WriteOp(partition, (), (Delete(name, record.etag),))
-            if result.conflict is None:
-                return True
-        changed = result.conflict.existing if result.conflict else None
-        raise ConcurrencyError(key, record.etag, changed.etag if changed else None)
+        return (yield from delete_present_flow(partition, name, key))
 
     def _list_flow(
         self,

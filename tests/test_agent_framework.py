@@ -278,6 +278,16 @@ async def test_same_id_is_append_only(backend: Backend) -> None:
     assert storage.refused_saves == 1
 
 
+async def test_concurrent_deletes_have_one_winner(backend: Backend) -> None:
+    storage = storage_for(backend)
+    for i in range(3):
+        checkpoint = synthetic_checkpoint("wf", iteration=i)
+        await storage.save(checkpoint)
+        done = await asyncio.gather(*(storage.delete(checkpoint.checkpoint_id) for _ in range(4)))
+        assert sorted(done) == [False, False, False, True], done
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == []
+
+
 async def test_latest_is_the_last_saved_not_the_largest_timestamp(backend: Backend) -> None:
     storage = storage_for(backend)
     instant = "2025-01-01T00:00:00+00:00"

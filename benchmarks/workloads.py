@@ -420,9 +420,10 @@ def raw_ops(
             versions[channel] = saver.get_next_version(versions.get(channel), None)
             new_versions[channel] = versions[channel]
         checkpoint["channel_versions"] = dict(versions)
-        checkpoint["channel_values"] = {"counter": i, "payload": f"{thread_id}:{i:08d}:{CHUNK}"}
         if blobs:
             checkpoint["channel_values"] = {ch: f"{ch}:{thread_id}:{i:08d}:{CHUNK * 4}" for ch in new_versions}
+        else:
+            checkpoint["channel_values"] = {"counter": i, "payload": f"{thread_id}:{i:08d}:{CHUNK}"}
         metadata = {"source": "loop", "step": i, "parents": {}}
         config = yield Op("put", "put", (config, checkpoint, metadata, new_versions))
         if writes:

@@ -160,6 +160,16 @@ class ListQuery:
       field's own type (``str`` for name, ``int`` for seq), applied before
       the limit: ``start <= x < stop``.
     * ``values``: ``False`` lets a backend skip reading values (``b""``).
+    * ``depth``: only names with exactly this many ``/`` after ``prefix``
+      (``None`` = any). Names form a tree on ``/``; ``depth=0`` under
+      ``"c/x/"`` selects ``c/x/1`` but not ``c/x/1/w``.
+    * ``children``: each selected record is directly followed, in the
+      result, by its *children*: every record whose name starts with the
+      selected name plus ``/``, in ascending name order, read in the same
+      snapshot. Children are not filtered (prefix aside) and do not count
+      towards ``limit``. Requires ``depth`` (so a child is never also a
+      selected record). "The newest checkpoint and its writes" is then one
+      query: one S3 LIST, one Redis script, one SQLite read transaction.
     """
 
     prefix: str = ""
@@ -170,10 +180,20 @@ class ListQuery:
     start: str | int | None = None
     stop: str | int | None = None
     values: bool = True
+    depth: int | None = None
+    children: bool = False
+
+    def __post_init__(self) -> None:
+        if self.depth is not None and self.depth < 0:
+            raise ValueError(f"ListQuery.depth must be None or >= 0, got {self.depth!r}")
+        if self.children and self.depth is None:
+            raise ValueError("ListQuery(children=True) needs a depth: a child must not also be a selected record")
 
     def matches(self, record: Record) -> bool:
-        """Whether ``record`` passes prefix, tag and range filters (not the limit)."""
+        """Whether ``record`` passes prefix, depth, tag and range filters (not the limit)."""
         if not record.name.startswith(self.prefix):
+            return False
+        if self.depth is not None and record.name.count("/", len(self.prefix)) != self.depth:
             return False
         if any(record.tags.get(k) != v for k, v in self.tags.items()):
             return False
@@ -183,6 +203,10 @@ class ListQuery:
         if self.stop is not None and pos >= self.stop:  # type: ignore[operator]
             return False
         return True
+
+    def at_depth(self, name: str) -> bool:
+        """Whether ``name`` (under ``prefix``) passes the depth filter."""
+        return self.depth is None or name.count("/", len(self.prefix)) == self.depth
 
     def sort_key(self, record: Record) -> str | int:
         """The ordering field of ``record`` under this query."""

@@ -49,6 +49,12 @@ class _Part:
         if self.records.pop(name, None) is not None:
             del self.names[bisect.bisect_left(self.names, name)]
 
+    def children(self, name: str) -> list[Record]:
+        """The records named ``<name>/...``, in name order."""
+        i = bisect.bisect_left(self.names, name + "/")
+        j = bisect.bisect_left(self.names, name + "0")  # "0" follows "/"
+        return [self.records[n] for n in self.names[i:j]]
+
     def walk(self, query: ListQuery) -> Iterator[Record]:
         """Candidates in the query's order (filters still to be applied)."""
         if query.order == "seq":
@@ -123,10 +129,16 @@ class MemoryBackend(Backend):
             part = self._data.get(partition.key)
             if part is None:
                 return found
+            count = 0
             for record in part.walk(query):
                 if query.matches(record):
                     found.append(record if query.values else replace(record, value=b""))
-                    if query.limit is not None and len(found) >= query.limit:
+                    if query.children:
+                        found.extend(
+                            r if query.values else replace(r, value=b"") for r in part.children(record.name)
+                        )
+                    count += 1
+                    if query.limit is not None and count >= query.limit:
                         break
         return found
 

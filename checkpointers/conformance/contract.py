@@ -382,6 +382,47 @@ async def check_backend_list_query(backend: Backend) -> None:
     assert full[0].value == b"b" and full[0].digest == digest(b"b")
 
 
+async def check_backend_list_depth_and_children(backend: Backend) -> None:
+    """``depth`` selects one level of the ``/`` tree; ``children`` brings each pick's subtree along.
+
+    The layout mirrors the LangGraph saver's (``c/<ns>/<id>`` with writes
+    under ``c/<ns>/<id>/<task>/<i>``), with a tag only on the parents, an
+    orphan child whose parent does not exist, and a sibling name that shares
+    a parent's text but not its ``/`` (``c/x/2a``).
+    """
+    p = _p()
+    parents = ["c/x/1", "c/x/2", "c/x/2a", "c/x/3", "c/y/1"]
+    kids = ["c/x/1/t/0", "c/x/2/t/-1", "c/x/2/t/0", "c/x/2/u/0", "c/x/4/t/0", "c/y/1/t/0"]
+    for n in parents:
+        await backend.awrite(p, [make_put(n, n.encode(), tags={"k": "c", "n": n[-1]})])
+    for n in kids:
+        await backend.awrite(p, [make_put(n, n.encode())])
+
+    def names(recs: list[Any]) -> list[str]:
+        return [r.name for r in recs]
+
+    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0))
+    assert names(got) == ["c/x/1", "c/x/2", "c/x/2a", "c/x/3"], names(got)
+    got = await backend.alist(p, ListQuery(prefix="c/", depth=1, descending=True, limit=3))
+    assert names(got) == ["c/y/1", "c/x/3", "c/x/2a"], names(got)
+    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=2))
+    assert names(got) == ["c/x/1/t/0", "c/x/2/t/-1", "c/x/2/t/0", "c/x/2/u/0", "c/x/4/t/0"], names(got)
+    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0, descending=True, limit=1, children=True))
+    assert names(got) == ["c/x/3"], f"c/x/3 has no children (c/x/4/t/0 is not one): {names(got)}"
+    got = await backend.alist(
+        p, ListQuery(prefix="c/x/", depth=0, descending=True, limit=2, stop="c/x/3", children=True, values=False)
+    )
+    assert names(got) == ["c/x/2a", "c/x/2", "c/x/2/t/-1", "c/x/2/t/0", "c/x/2/u/0"], names(got)
+    assert all(r.value == b"" for r in got), "values=False applies to children too"
+    got = await backend.alist(p, ListQuery(prefix="c/", depth=1, children=True, tags={"n": "1"}))
+    assert names(got) == ["c/x/1", "c/x/1/t/0", "c/y/1", "c/y/1/t/0"], names(got)
+    assert [r.value for r in got] == [n.encode() for n in names(got)]
+    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0, order="seq", descending=True, limit=2, children=True))
+    assert names(got) == ["c/x/3", "c/x/2a"], names(got)
+    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0, order="seq", limit=1, children=True))
+    assert names(got) == ["c/x/1", "c/x/1/t/0"], names(got)
+
+
 async def check_backend_partitions_and_drop(backend: Backend) -> None:
     """partitions() returns raw names of one user+space only; drop() empties one."""
     user = f"conformance-{uuid.uuid4().hex}"
@@ -399,5 +440,6 @@ async def check_backend_partitions_and_drop(backend: Backend) -> None:
 BACKEND_CHECKS = [
     check_backend_conditions_and_noops,
     check_backend_list_query,
+    check_backend_list_depth_and_children,
     check_backend_partitions_and_drop,
 ]

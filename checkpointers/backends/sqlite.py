@@ -595,6 +595,9 @@ def _range_filters(alias: str, query: ListQuery) -> tuple[list[str], list[Any]]:
         if upper is not None:
             where.append(f"{alias}.name < ?")
             params.append(upper)
+    if query.depth is not None:  # the '/' in the name: the prefix's own plus ``depth``
+        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = ?")
+        params.append(query.prefix.count("/") + query.depth)
     if query.start is not None:
         where.append(f"{alias}.{query.order} >= ?")
         params.append(query.start)
@@ -606,7 +609,18 @@ def _range_filters(alias: str, query: ListQuery) -> tuple[list[str], list[Any]]:
 
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
     sql, params = _list_sql(pkey, query)
-    return [_record(row) for row in conn.execute(sql, params)]
+    if not query.children:
+        return [_record(row) for row in conn.execute(sql, params)]
+    # the picks and their children in one read transaction: one snapshot
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    below = f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name >= ? AND r.name < ? ORDER BY r.name"
+    out: list[Record] = []
+    with _transaction(conn, immediate=False):
+        for row in conn.execute(sql, params).fetchall():
+            out.append(_record(row))
+            name = out[-1].name  # children: "<name>/..." and "0" is the character after "/"
+            out.extend(_record(child) for child in conn.execute(below, (pkey, name + "/", name + "0")))
+    return out
 
 
 def _partitions(conn: sqlite3.Connection, user_key: str) -> list[str]:

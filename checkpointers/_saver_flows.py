@@ -7,10 +7,17 @@ and ``delete_thread`` is one ``drop``. Inside it (``<x>`` is
 never contain a caller's ``/`` and two different values never share a name)::
 
     c/<ns>/<checkpoint id>                 checkpoint record      APPEND
-    w/<ns>/<checkpoint id>/<task id>/<i>   a task's writes        APPEND (i >= 0: the regular writes
+    c/<ns>/<checkpoint id>/<task id>/<i>   a task's writes        APPEND (i >= 0: the regular writes
                                                                   of one put_writes call, packed)
                                                                   UPSERT (i < 0: one special write)
     b/<sha256>                             a channel value        APPEND, staged
+
+A checkpoint's writes are its *children* in the name tree, so "the latest
+checkpoint with its pending writes" is one listing
+(``ListQuery(depth=0, children=True)``): one SQLite read transaction, one
+Redis script, one S3 LIST (an S3 key's children sort right next to it).
+Listings of checkpoints alone say ``depth``. Records of format 1 and 2 had
+their writes under ``w/<ns>/<checkpoint id>/``; they are still read there.
 
 A checkpoint record holds the checkpoint without its channel values, the
 merged metadata, the parent id and, per channel with a value, the digest of
@@ -74,15 +81,18 @@ __all__ = ["SPACE", "Found", "SaverFlows", "metadata_tags", "tag_value"]
 
 #: The partition space of every LangGraph thread.
 SPACE = "langgraph"
-_CKPT, _WRITE, _BLOB = "c/", "w/", "b/"
+_CKPT, _OLD_WRITE, _BLOB = "c/", "w/", "b/"
 _TAG_PREFIX = "m."
 _OVERFLOW = "~overflow"
 #: Metadata keys always tagged first (``delete_for_runs`` relies on ``run_id``).
 _PRIORITY = ("run_id", "source", "step")
 #: Record format written. 1: every channel value in a blob. 2: also ``inline``,
-#: small values kept inside the record (read: both).
-_FORMAT = 2
-_FORMATS = (1, 2)
+#: small values kept inside the record. 3: writes are the record's children
+#: only (1 and 2: also under ``w/``). All are read.
+_FORMAT = 3
+_FORMATS = (1, 2, 3)
+#: Writes of records of formats below this may also be under ``w/``.
+_CHILD_WRITES = 3
 #: A channel value whose framed serialization is at most this many bytes is
 #: kept inside the checkpoint record instead of a blob of its own (one record
 #: less per put and per read: one SQLite row, Redis field or S3 request); at
@@ -116,12 +126,27 @@ def ckpt_name(ns: str, cid: str) -> str:
 
 
 def writes_prefix(ns: str, cid: str) -> str:
-    return f"{_WRITE}{enc(ns)}/{enc(cid)}/"
+    return ckpt_name(ns, cid) + "/"
 
 
-def _writes_prefix_of(ckpt: str) -> str:
-    """``c/<ns>/<cid>`` -> ``w/<ns>/<cid>/``."""
-    return _WRITE + ckpt[len(_CKPT) :] + "/"
+def _old_writes_prefix(ns: str, cid: str) -> str:
+    """Where records of formats 1 and 2 had their writes."""
+    return f"{_OLD_WRITE}{enc(ns)}/{enc(cid)}/"
+
+
+#: Levels of the name tree below ``c/``: ``<ns>/<cid>`` and ``<ns>/<cid>/<task>/<i>``.
+_CKPT_DEPTH, _WRITES_DEPTH = 1, 3
+
+
+def _is_writes(name: str) -> bool:
+    """A writes record's name, in either layout."""
+    return name.startswith(_OLD_WRITE) or (name.startswith(_CKPT) and name.count("/") == _WRITES_DEPTH + 1)
+
+
+def _owner(name: str) -> str:
+    """The checkpoint record a writes record belongs to (either layout)."""
+    head = name.rsplit("/", 2)[0]
+    return _CKPT + head[len(_OLD_WRITE) :] if head.startswith(_OLD_WRITE) else head
 
 
 def _blob_name(digest_: str) -> str:
@@ -130,7 +155,7 @@ def _blob_name(digest_: str) -> str:
 
 def _mode_of(name: str) -> Mode:
     """The write mode a record of this name was written with (used by copy)."""
-    if name.startswith(_WRITE) and name.rsplit("/", 1)[1].startswith("-"):
+    if _is_writes(name) and name.rsplit("/", 1)[1].startswith("-"):
         return Mode.UPSERT
     return Mode.APPEND
 
@@ -194,23 +219,60 @@ def metadata_tags(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _filter_queries(
-    prefix: str, flt: Mapping[str, Any], *, descending: bool, stop: str | None, limit: int | None
+    prefix: str,
+    flt: Mapping[str, Any],
+    *,
+    depth: int,
+    descending: bool,
+    stop: str | None,
+    limit: int | None,
+    children: bool = False,
 ) -> list[ListQuery]:
-    """The queries whose union holds every record matching ``flt`` (see above)."""
+    """The queries whose union holds every checkpoint record matching ``flt`` (see above).
+
+    ``children``: a query with a limit also returns the writes of what it picks.
+    """
     pushed: dict[str, str] = {}
     for key, value in flt.items():
         tkey, tval = _tag_key(key), tag_value(value)
         if tkey is not None and tval is not None:
             pushed[tkey] = tval
     exact = len(pushed) == len(flt)  # every filter key is in the tags: no post-filter loss
+    bound = limit if exact else None
     main = ListQuery(
-        prefix=prefix, descending=descending, stop=stop, tags=pushed, limit=limit if exact else None
+        prefix=prefix,
+        descending=descending,
+        stop=stop,
+        tags=pushed,
+        limit=bound,
+        depth=depth,
+        children=children and bound is not None,
     )
     if not pushed:
         return [main]
     always = {k: v for k, v in pushed.items() if k[len(_TAG_PREFIX) :] in _PRIORITY}
-    overflow = ListQuery(prefix=prefix, descending=descending, stop=stop, tags={_OVERFLOW: "1", **always})
+    overflow = ListQuery(
+        prefix=prefix, descending=descending, stop=stop, tags={_OVERFLOW: "1", **always}, depth=depth
+    )
     return [main, overflow]
+
+
+def _with_children(recs: Sequence[Record], q: ListQuery) -> dict[str, list[Record]]:
+    """The children of each record a ``children=True`` query picked, by its name.
+
+    The picks are the records at the query's depth; each is followed by its
+    children (see :class:`~checkpointers.backends.base.ListQuery`).
+    """
+    out: dict[str, list[Record]] = {}
+    if not q.children:
+        return out
+    kids: list[Record] = []
+    for rec in recs:
+        if q.at_depth(rec.name):
+            kids = out.setdefault(rec.name, [])
+        else:
+            kids.append(rec)
+    return out
 
 
 def matches(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
@@ -233,6 +295,7 @@ class Stored:
     metadata: dict[str, Any]
     blobs: dict[str, str]
     inline: dict[str, bytes]
+    format: int = _FORMAT
 
 
 @dataclass(frozen=True)
@@ -333,6 +396,7 @@ class SaverFlows:
                 payload["metadata"],
                 payload["blobs"],
                 {ch: bytes(b) for ch, b in payload.get("inline", {}).items()},
+                payload["v"],
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
@@ -539,38 +603,52 @@ class SaverFlows:
 
     def get_flow(self, p: Partition, ns: str, cid: str | None) -> Flow[Found | None]:
         """The checkpoint ``cid``, or the latest of the namespace: a bounded number of calls."""
+        known: dict[str, list[Record]] = {}
         if cid:
             (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
         else:
-            recs = yield ListOp(p, ListQuery(prefix=ckpt_prefix(ns), order="name", descending=True, limit=1))
+            q = ListQuery(prefix=ckpt_prefix(ns), depth=0, descending=True, limit=1, children=True)
+            recs = yield ListOp(p, q)
             rec = recs[0] if recs else None
+            known = _with_children(recs, q)
         if rec is None:
             return None
-        found = yield from self._hydrate(p, [self._stored(rec, f"thread {p.name!r}")])
+        found = yield from self._hydrate(p, [self._stored(rec, f"thread {p.name!r}")], known)
         return found[0]
 
-    def _hydrate(self, p: Partition, stored: Sequence[Stored]) -> Flow[list[Found]]:
+    def _hydrate(
+        self, p: Partition, stored: Sequence[Stored], known: Mapping[str, list[Record]] | None = None
+    ) -> Flow[list[Found]]:
         """Load the blobs and the pending writes of checkpoints of one thread.
 
-        One :class:`Parallel` step: a get of every blob, and a listing of the
-        writes per checkpoint (or, for many checkpoints of one namespace, one
-        listing of the namespace's writes).
+        ``known``: the writes records of checkpoints listed with their
+        children, by checkpoint record name. One :class:`Parallel` step: a get
+        of every blob, and a listing of the writes of each other checkpoint
+        (or, for many checkpoints of one namespace, one listing of the
+        namespace's writes).
         """
         where = f"thread {p.name!r}"
+        known = known or {}
         digests = sorted({d for s in stored for d in s.blobs.values()})
         by_ns: dict[str, list[Stored]] = {}
         for s in stored:
             by_ns.setdefault(s.ns, []).append(s)
-        prefixes: list[str] = []
+        queries: list[ListQuery] = []
         for ns, group in by_ns.items():
+            old = [s for s in group if s.format < _CHILD_WRITES]
+            todo = [s for s in group if s.name not in known]
             if len(group) > _PER_CHECKPOINT_LISTINGS:
-                prefixes.append(f"{_WRITE}{enc(ns)}/")
+                if todo:
+                    queries.append(ListQuery(prefix=ckpt_prefix(ns), depth=_WRITES_DEPTH - _CKPT_DEPTH))
+                if old:
+                    queries.append(ListQuery(prefix=f"{_OLD_WRITE}{enc(ns)}/"))
             else:
-                prefixes.extend(writes_prefix(s.ns, s.cid) for s in group)
-        ops: list[Any] = [ListOp(p, ListQuery(prefix=pre)) for pre in prefixes]
+                queries.extend(ListQuery(prefix=writes_prefix(s.ns, s.cid)) for s in todo)
+                queries.extend(ListQuery(prefix=_old_writes_prefix(s.ns, s.cid)) for s in old)
+        ops: list[Any] = [ListOp(p, q) for q in queries]
         if digests:
             ops.append(GetOp(p, [_blob_name(d) for d in digests]))
-        results = yield Parallel(tuple(ops))
+        results = (yield Parallel(tuple(ops))) if ops else []
         values: dict[str, Any] = {}
         if digests:
             for d, rec in zip(digests, results[-1]):
@@ -579,13 +657,13 @@ class SaverFlows:
                 if rec.digest != d:
                     raise CorruptItemError(_blob_name(d), "stored digest does not match its name")
                 values[d] = self._load(f"blob {d} of {where}", rec)
-        writes: dict[str, list[Record]] = {}
-        for recs in results[: len(prefixes)]:
+        writes: dict[str, dict[str, Record]] = {}
+        for recs in [*known.values(), *results[: len(queries)]]:
             for rec in recs:
-                writes.setdefault(rec.name.rsplit("/", 2)[0] + "/", []).append(rec)
+                writes.setdefault(_owner(rec.name), {})[rec.name] = rec
         out: list[Found] = []
         for s in stored:
-            pending = [w for rec in writes.get(writes_prefix(s.ns, s.cid), []) for w in self._pending(rec, where)]
+            pending = [w for rec in writes.get(s.name, {}).values() for w in self._pending(rec, where)]
             pending.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
             channel_values = {ch: values[d] for ch, d in s.blobs.items()}
             for ch, data in s.inline.items():
@@ -623,6 +701,7 @@ class SaverFlows:
             parts = [Partition(user, SPACE, n) for n in names]
         single = len(parts) == 1 and ns is not None and not cid
         picked: list[tuple[Partition, Stored]] = []
+        known: dict[str, list[Record]] = {}  # writes that came with their checkpoint (one thread)
         for p in parts:
             if cid and ns is not None:
                 (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
@@ -635,14 +714,20 @@ class SaverFlows:
                 assert ns is not None
                 prefix = ckpt_prefix(ns)
                 stop = ckpt_name(ns, before) if before else None
-                queries = _filter_queries(prefix, flt, descending=True, stop=stop, limit=limit)
+                queries = _filter_queries(
+                    prefix, flt, depth=0, descending=True, stop=stop, limit=limit, children=True
+                )
+            elif ns is not None:
+                queries = _filter_queries(ckpt_prefix(ns), flt, depth=0, descending=True, stop=None, limit=None)
             else:
-                prefix = ckpt_prefix(ns) if ns is not None else _CKPT
-                queries = _filter_queries(prefix, flt, descending=True, stop=None, limit=None)
+                queries = _filter_queries(_CKPT, flt, depth=_CKPT_DEPTH, descending=True, stop=None, limit=None)
             seen: dict[str, Record] = {}
-            for recs in (yield Parallel(tuple(ListOp(p, q) for q in queries))):
+            for q, recs in zip(queries, (yield Parallel(tuple(ListOp(p, q) for q in queries)))):
+                kids = _with_children(recs, q)
+                known.update(kids)
                 for rec in recs:
-                    seen.setdefault(rec.name, rec)
+                    if q.at_depth(rec.name):
+                        seen.setdefault(rec.name, rec)
             for rec in seen.values():
                 s = self._stored(rec, f"thread {p.name!r}")
                 if ns is not None and s.ns != ns:
@@ -662,7 +747,7 @@ class SaverFlows:
             groups.setdefault(p.key, (p, []))[1].append(s)
         loaded: dict[tuple[str, str], Found] = {}
         for p, group in groups.values():
-            for f in (yield from self._hydrate(p, group)):
+            for f in (yield from self._hydrate(p, group, known if single else None)):
                 loaded[(p.key, f.cid + "\x00" + f.ns)] = f
         for p, s in picked:
             out.append(loaded[(p.key, s.cid + "\x00" + s.ns)])
@@ -673,8 +758,10 @@ class SaverFlows:
     def copy_flow(self, src: Partition, dst: Partition) -> Flow[int]:
         """Copy every record of ``src`` into ``dst`` in one batch (blobs first)."""
         recs = yield ListOp(src, ListQuery())
-        rank = {_BLOB: 0, _WRITE: 1, _CKPT: 2}
-        recs = sorted(recs, key=lambda r: (rank.get(r.name[:2], 3), r.name))
+        def rank(name: str) -> int:  # blobs, then writes, then the checkpoints that show them
+            return 0 if name.startswith(_BLOB) else 1 if _is_writes(name) else 2
+
+        recs = sorted(recs, key=lambda r: (rank(r.name), r.name))
         puts = [
             Put(
                 r.name,
@@ -696,7 +783,7 @@ class SaverFlows:
 
     def prune_flow(self, p: Partition) -> Flow[None]:
         """Keep the latest checkpoint per namespace and its writes; drop the rest."""
-        recs = yield ListOp(p, ListQuery(prefix=_CKPT, values=False))
+        recs = yield ListOp(p, ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH, values=False))
         names = [r.name for r in recs]
         latest: dict[str, str] = {}
         for n in names:
@@ -717,16 +804,16 @@ class SaverFlows:
             p = Partition(user, SPACE, thread)
             doomed: set[str] = set()
             if None in tagged:  # a run id that cannot be a tag: read every record
-                for rec in (yield ListOp(p, ListQuery(prefix=_CKPT))):
+                for rec in (yield ListOp(p, ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH))):
                     if self._stored(rec, f"thread {thread!r}").metadata.get("run_id", object()) in run_ids:
                         doomed.add(rec.name)
             for tval in tagged:
                 if tval is None:
                     continue
-                q = ListQuery(prefix=_CKPT, tags={_TAG_PREFIX + "run_id": tval}, values=False)
+                q = ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH, tags={_TAG_PREFIX + "run_id": tval}, values=False)
                 doomed.update(r.name for r in (yield ListOp(p, q)))
             if doomed:
-                recs = yield ListOp(p, ListQuery(prefix=_CKPT, values=False))
+                recs = yield ListOp(p, ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH, values=False))
                 yield from self._collect_flow(p, [r.name for r in recs], doomed, orphans=False)
 
     def _collect_flow(self, p: Partition, names: Sequence[str], doomed: set[str], *, orphans: bool) -> Flow[None]:
@@ -741,14 +828,20 @@ class SaverFlows:
             for rec in (yield GetOp(p, remaining)):
                 if rec is not None:
                     referenced.update(self._stored(rec, f"thread {p.name!r}").blobs.values())
-        kept = {_writes_prefix_of(n) for n in remaining}
-        gone = {_writes_prefix_of(n) for n in doomed}
+        kept = set(remaining)
         deletes = [Delete(n) for n in sorted(doomed)]
-        for rec in (yield ListOp(p, ListQuery(prefix=_WRITE, values=False))):
-            pre = rec.name.rsplit("/", 2)[0] + "/"
-            if (pre not in kept) if orphans else (pre in gone):
+        writes, old_writes, blobs = yield Parallel(
+            (
+                ListOp(p, ListQuery(prefix=_CKPT, depth=_WRITES_DEPTH, values=False)),
+                ListOp(p, ListQuery(prefix=_OLD_WRITE, values=False)),
+                ListOp(p, ListQuery(prefix=_BLOB, values=False)),
+            )
+        )
+        for rec in [*writes, *old_writes]:
+            owner = _owner(rec.name)
+            if (owner not in kept) if orphans else (owner in doomed):
                 deletes.append(Delete(rec.name))
-        for rec in (yield ListOp(p, ListQuery(prefix=_BLOB, values=False))):
+        for rec in blobs:
             if rec.name[len(_BLOB) :] not in referenced:
                 deletes.append(Delete(rec.name))
         if deletes:

@@ -20,7 +20,7 @@ from langgraph.checkpoint.serde.types import INTERRUPT
 from checkpointers import _saver_flows
 from checkpointers._flows import digest, new_etag
 from checkpointers._names import ANONYMOUS_USER, Partition
-from checkpointers.backends import Backend, ListQuery, Mode, Put
+from checkpointers.backends import Backend, Delete, ListQuery, Mode, Put
 from checkpointers.errors import CorruptItemError, IsolationError, ItemTooLargeError, StepMismatchError
 from checkpointers.savers import (
     Checkpointer,
@@ -69,8 +69,9 @@ def chain(saver: Checkpointer, thread: Any, n: int, ns: str = "", big: bool = Fa
     return out
 
 
-def records(backend: Backend, user: str, thread: str, prefix: str = "") -> list[Any]:
-    return backend.list(Partition(user, "langgraph", thread), ListQuery(prefix=prefix))
+def records(backend: Backend, user: str, thread: str, prefix: str = "", depth: int | None = None) -> list[Any]:
+    """A thread's records; ``"c/", depth=1``: checkpoints, ``"c/", depth=3``: writes."""
+    return backend.list(Partition(user, "langgraph", thread), ListQuery(prefix=prefix, depth=depth))
 
 
 def new_user() -> str:
@@ -145,7 +146,7 @@ def test_write_reputs_identical_ok_different_raises_special_upserts(saver: Check
     tup = saver.get_tuple(stored)
     assert tup is not None
     assert sorted(tup.pending_writes) == sorted([("task", "ch", "v"), ("task", INTERRUPT, "second")])
-    assert len(records(backend, user, "t", "w/")) == 2
+    assert len(records(backend, user, "t", "c/", depth=3)) == 2
 
 
 def test_put_writes_is_one_atomic_batch(saver: Checkpointer) -> None:
@@ -381,7 +382,7 @@ def test_writes_of_one_call_are_packed_under_the_cap(backend: Backend, user: str
     values = [str(i) * 4_000 for i in range(3)]  # fit alone, not all three in one record
     small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", values[2]), (INTERRUPT, "i")], "task")
     small.put_writes(stored, [("d", 1), ("e", 2)], "other")
-    tails = sorted(r.name.split("/", 3)[3] for r in records(backend, user, "t", "w/"))
+    tails = sorted(r.name.split("/", 3)[3] for r in records(backend, user, "t", "c/", depth=3))
     assert tails == ["_other/0", "_task/-3", "_task/0", "_task/2"]  # 0..1 packed, 2 alone (cap), the special write
     tup = small.get_tuple(cfg("t"))
     assert tup is not None
@@ -392,7 +393,7 @@ def test_writes_of_one_call_are_packed_under_the_cap(backend: Backend, user: str
     small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", values[2])], "task")  # a re-save: no-op
     with pytest.raises(StepMismatchError):
         small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", "changed")], "task")
-    assert len(records(backend, user, "t", "w/")) == 4
+    assert len(records(backend, user, "t", "c/", depth=3)) == 4
 
 
 def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Checkpointer, backend: Backend, user: str) -> None:
@@ -403,7 +404,7 @@ def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Chec
     stored = put(saver, cfg("t"), x=1)
     with pytest.raises(TypeError, match="cannot serialize"):
         saver.put_writes(stored, [("a", 1), ("b", object())], "task")
-    assert records(backend, user, "t", "w/") == []
+    assert records(backend, user, "t", "c/", depth=3) == []
 
 
 def test_equal_values_are_stored_once(saver: Checkpointer, backend: Backend, user: str) -> None:
@@ -460,6 +461,37 @@ def test_format_1_records_still_read(saver: Checkpointer, backend: Backend, user
     assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1, "s": "small"}
 
 
+def test_format_2_writes_under_w_still_read_and_removed(saver: Checkpointer, backend: Backend, user: str) -> None:
+    """Records of format 1 and 2 had their writes under ``w/<ns>/<cid>/``; they read, copy and prune as before."""
+    part = Partition(user, "langgraph", "t")
+    first = put(saver, cfg("t"), x=1)
+    saver.put_writes(first, [("a", "old")], "task")
+    second = put(saver, first, x=2)
+    saver.put_writes(second, [("b", "old")], "task")
+    for rec in records(backend, user, "t", "c/", depth=1):  # both checkpoints become format 2 ...
+        kind, raw = _saver_flows._unframe(rec.value)
+        payload = saver.serde.loads_typed((kind, raw))
+        payload["v"] = 2
+        data = _saver_flows._frame(saver.serde.dumps_typed(payload))
+        backend.write(part, [Put(rec.name, data, digest(data), new_etag(), dict(rec.tags), Mode.UPSERT)])
+    for rec in records(backend, user, "t", "c/", depth=3):  # ... with their writes where 0.2 put them
+        old = "w/" + rec.name[len("c/") :]
+        backend.write(part, [Put(old, rec.value, rec.digest, new_etag(), {}, Mode.APPEND)], [Delete(rec.name)])
+    saver.put_writes(second, [("c", "new")], "other")  # written after the upgrade: the new layout
+    fresh = Checkpointer(backend).for_user(user)
+    tup = fresh.get_tuple(cfg("t"))
+    assert tup is not None and sorted(tup.pending_writes) == [("other", "c", "new"), ("task", "b", "old")]
+    listed = list(fresh.list(cfg("t")))
+    assert [sorted(t.pending_writes) for t in listed] == [[("other", "c", "new"), ("task", "b", "old")], [("task", "a", "old")]]
+    fresh.copy_thread("t", "t2")
+    assert sorted(fresh.get_tuple(cfg("t2")).pending_writes) == sorted(tup.pending_writes)  # type: ignore[union-attr]
+    fresh.prune(["t"])  # keeps the latest checkpoint and its writes in both layouts
+    assert [r.name.split("/")[-2:] for r in records(backend, user, "t", "w/")] == [["_task", "0"]]
+    assert sorted(fresh.get_tuple(cfg("t")).pending_writes) == sorted(tup.pending_writes)  # type: ignore[union-attr]
+    fresh.prune(["t2"], strategy="delete")
+    assert records(backend, user, "t2") == []
+
+
 def test_prune_and_delete_for_runs_remove_unreferenced_blobs(saver: Checkpointer, backend: Backend, user: str) -> None:
     chain(saver, "t", 4, run_id="r", big=True)  # x = 0, 1, 2, 3: four blobs
     assert len(records(backend, user, "t", "b/")) == 4
@@ -472,22 +504,26 @@ def test_prune_and_delete_for_runs_remove_unreferenced_blobs(saver: Checkpointer
     saver.put_writes(stored, [("c", 1)], "task")
     saver.delete_for_runs(["r2"])
     assert len(records(backend, user, "u", "b/")) == 2
-    assert records(backend, user, "u", "w/") == []
+    assert records(backend, user, "u", "c/", depth=3) == []
 
 
-def _tamper(backend: Backend, user: str, thread: str, prefix: str, value: bytes | None = None) -> None:
+def _tamper(
+    backend: Backend, user: str, thread: str, prefix: str, value: bytes | None = None, depth: int | None = None
+) -> None:
     """Rewrite one record through the backend API: new bytes, old digest (or new bytes, true digest)."""
-    (rec,) = [r for r in records(backend, user, thread, prefix)][:1]
+    (rec,) = [r for r in records(backend, user, thread, prefix, depth)][:1]
     data = value if value is not None else rec.value[:-1] + bytes([rec.value[-1] ^ 1])
     sha = rec.digest if value is None else digest(data)
     backend.write(Partition(user, "langgraph", thread), [Put(rec.name, data, sha, new_etag(), dict(rec.tags), Mode.UPSERT)])
 
 
-@pytest.mark.parametrize("prefix", ["c/", "b/", "w/"])
-def test_altered_bytes_raise_corrupt_item_error(saver: Checkpointer, backend: Backend, user: str, prefix: str) -> None:
+@pytest.mark.parametrize(("prefix", "depth"), [("c/", 1), ("b/", None), ("c/", 3)], ids=["checkpoint", "blob", "writes"])
+def test_altered_bytes_raise_corrupt_item_error(
+    saver: Checkpointer, backend: Backend, user: str, prefix: str, depth: int | None
+) -> None:
     stored = put(saver, cfg("t"), x="p" * OVER_INLINE)  # a blob (not inline)
     saver.put_writes(stored, [("c", "write")], "task")
-    _tamper(backend, user, "t", prefix)
+    _tamper(backend, user, "t", prefix, depth=depth)
     with pytest.raises(CorruptItemError):
         saver.get_tuple(cfg("t"))
     with pytest.raises(CorruptItemError):

@@ -130,8 +130,10 @@ def _checkpoint(i: int, counter: int) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("history", [10, 2000])
-def test_latest_get_tuple_and_list_cost_two_round_trips(redis_backend: RedisBackend, history: int) -> None:
-    """list latest record, then blobs + writes together (one pipeline): 2 whatever the history."""
+def test_latest_get_tuple_one_round_trip_and_list_two(redis_backend: RedisBackend, history: int) -> None:
+    """get_tuple: one script lists the newest checkpoint with its writes (its children;
+    small channel values are inline, so no blob read); list(limit=10): two. The same
+    whatever the history."""
     from checkpointers.savers import Checkpointer
 
     b = redis_backend
@@ -148,7 +150,7 @@ def test_latest_get_tuple_and_list_cost_two_round_trips(redis_backend: RedisBack
 
     before = b.round_trips
     got = saver.get_tuple(thread)
-    assert b.round_trips - before == 2
+    assert b.round_trips - before == 1
     assert got is not None and got.config["configurable"]["checkpoint_id"] == latest_id
     assert got.checkpoint["channel_values"] == {"counter": (history - 1) // 7, "log": f"entry {history - 1}"}
     assert got.pending_writes == [(f"task-{history - 1}", "log", f"w{history - 1}"),
@@ -156,7 +158,7 @@ def test_latest_get_tuple_and_list_cost_two_round_trips(redis_backend: RedisBack
 
     before = b.round_trips
     got = asyncio.run(saver.aget_tuple(thread))
-    assert b.round_trips - before == 2 and got is not None
+    assert b.round_trips - before == 1 and got is not None
     assert got.config["configurable"]["checkpoint_id"] == latest_id
 
     before = b.round_trips
@@ -249,6 +251,72 @@ def test_prefix_and_tag_queries_take_every_path(redis_backend: RedisBackend) -> 
                 for tags in [{}, {"m": "3"}, {"m": "3", "a": "1"}, {"a": "0", "m": "4"}, {"a": "0", "m": "zz"}]:
                     q = ListQuery(prefix=prefix, order=order, descending=desc, limit=limit, tags=tags)
                     assert [r.name for r in b.list(p, q)] == [r.name for r in mem.list(p, q)], q
+
+
+def _tree(p: Partition, backends: list[RedisBackend | MemoryBackend], checkpoints: int, ns: str = "_") -> None:
+    """LangGraph-shaped names: tagged checkpoints ``c/<ns>/<id>``, most with writes
+    ``c/<ns>/<id>/<task>/<i>`` written after them (so they are newer in seq order)."""
+    puts = []
+    for i in range(checkpoints):
+        cid = f"c/{ns}/{i:04d}"
+        puts.append(make_put(cid, cid.encode(), tags={"k": "c", "m": str(i % 3)}))
+        puts += [make_put(f"{cid}/t{j}/{j}", b"w" * j) for j in range(i % 4)]
+    for chunk in range(0, len(puts), 200):
+        for backend in backends:
+            assert backend.write(p, puts[chunk : chunk + 200]).conflict is None
+
+
+def test_depth_and_children_take_every_path(redis_backend: RedisBackend) -> None:
+    """Name order both ways, seq order through the sort and the index walk, tag indexes."""
+    b, mem = redis_backend, MemoryBackend()
+    p = Partition("tree", "langgraph", "t")
+    _tree(p, [b, mem], 150)
+    _tree(p, [b, mem], 20, ns="_sub")
+    orphans = [make_put("c/_/9999/t/0", b"o"), make_put("c/_/0010a", b"s", tags={"k": "c"}), make_put("c/_", b"r")]
+    for backend in (b, mem):
+        backend.write(p, orphans)
+    shape = lambda recs: [(r.name, r.etag, r.value) for r in recs]  # noqa: E731
+    for prefix in ["c/_/", "c/", "c/_/001", "c/_/0010", ""]:
+        for depth, children in [(0, True), (0, False), (1, True), (2, False), (3, True)]:
+            for order, desc in [("name", False), ("name", True), ("seq", False), ("seq", True)]:
+                for limit in [None, 1, 4]:
+                    for tags in [{}, {"k": "c"}, {"m": "1", "k": "c"}]:
+                        q = ListQuery(prefix=prefix, depth=depth, children=children, order=order,
+                                      descending=desc, limit=limit, tags=tags, values=limit != 4)  # fmt: skip
+                        assert shape(b.list(p, q)) == shape(mem.list(p, q)), q
+    for start, stop in [("c/_/0050", "c/_/0100"), ("c/_/0050/", "c/_/0051/t1/1")]:
+        for desc in (False, True):
+            q = ListQuery(prefix="c/_/", depth=0, children=True, descending=desc, limit=3, start=start, stop=stop)
+            assert shape(b.list(p, q)) == shape(mem.list(p, q)), q
+
+
+def _calls_in_server(client: redis.Redis) -> int:
+    """Commands the server ran so far, scripts' own commands included (scripts excluded)."""
+    stats = client.info("commandstats")
+    skip = ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_info")
+    return sum(v["calls"] for k, v in stats.items() if k not in skip)
+
+
+def test_latest_with_children_reads_a_bounded_part_of_the_history(redis_backend: RedisBackend) -> None:
+    """The newest checkpoint and its writes: one script that runs as many commands
+    for 2000 checkpoints as for 12 (the walk skips subtrees, it does not scan)."""
+    b = redis_backend
+    costs = {}
+    for history in (12, 2000):  # the newest checkpoint has three writes in both
+        p = Partition("tree", "langgraph", f"hot-{history}")
+        _tree(p, [b], history)
+        newest = f"c/_/{history - 1:04d}"
+        for order in ("name", "seq"):
+            q = ListQuery(prefix="c/_/", depth=0, descending=True, limit=1, children=True, order=order)
+            b.list(p, q)  # the first use of a script loads it (NOSCRIPT -> EVAL)
+            before, trips = _calls_in_server(raw_client(b)), b.round_trips
+            got = b.list(p, q)
+            costs[history, order] = _calls_in_server(raw_client(b)) - before
+            assert b.round_trips - trips == 1
+            assert [r.name for r in got] == [newest] + [f"{newest}/t{j}/{j}" for j in range(3)]
+            assert got[-1].value == b"ww"
+    assert costs[12, "name"] == costs[2000, "name"] <= 6, costs
+    assert costs[12, "seq"] == costs[2000, "seq"], costs
 
 
 # -- 3. cluster ------------------------------------------------------------
@@ -617,7 +685,7 @@ def test_from_url_reads_valkey_scheme_and_query_options(redis_url: str) -> None:
 
 # -- differential check against the reference backend ------------------------------
 
-NAMES = ["a", "a/b", "a/b/c", "a/bc", "b", "c/_1", "c/_2", "c/_10", "i/_x%2Fy", "z"]
+NAMES = ["a", "a/b", "a/b/c", "a/bc", "b", "c/_1", "c/_1/t/0", "c/_1/u", "c/_2", "c/_10", "c/_10/t/1", "i/_x%2Fy", "z"]
 TAGS = st.dictionaries(st.sampled_from(["k", "k=", "k v", "{k}", ""]), st.sampled_from(["", "1", "a b", "}"]), max_size=2)
 BATCH = st.tuples(
     st.lists(
@@ -635,6 +703,7 @@ QUERY = st.builds(
     limit=st.sampled_from([None, 0, 1, 2, 5]),
     tags=TAGS,
     values=st.booleans(),
+    tree=st.sampled_from([(None, False), (0, False), (0, True), (1, False), (1, True), (2, True)]),
     bound=st.sampled_from([None, "start", "stop"]),
     at=st.integers(0, 9),
 )
@@ -673,6 +742,7 @@ def test_same_results_as_the_memory_backend(redis_backend: RedisBackend, batches
     assert b.partitions("diff", "items") == ([p.name] if everything["memory"] else [])
     for spec in queries:
         bound, at = spec.pop("bound"), spec.pop("at")
+        spec["depth"], spec["children"] = spec.pop("tree")
         results = {}
         for label, backend in (("redis", b), ("memory", mem)):
             q = ListQuery(**spec)

@@ -49,6 +49,15 @@ standalone server). :attr:`RedisBackend.round_trips` counts every pipeline
 or command sent (a cluster pipeline that talks to several nodes at once
 counts as one).
 
+``ListQuery.depth`` is a filter like the tags, checked on each candidate's
+name before its metadata is read. A walk in name order whose chunk ends
+inside the subtree of a name at the wanted depth jumps over the rest of that
+subtree, so ``list(prefix="c/_ns/", depth=0, descending=True, limit=1,
+children=True)`` (the newest checkpoint and its writes, which sort right
+before it) runs the same few commands whatever the history. ``children``
+costs each pick one ``ZRANGEBYLEX`` of ``[N/`` .. ``(N0`` on the names
+(``0`` is the byte after ``/``) and one ``HMGET``, inside the same script.
+
 Every write batch is ONE Lua script (``EVALSHA``, falling back to ``EVAL``
 when the server lost its script cache) that checks every condition first
 (the rules of :func:`~checkpointers.backends.base.evaluate`), then applies
@@ -403,28 +412,67 @@ return out
 
 # KEYS: r n x t
 # ARGV: order(name/seq) desc(0/1) limit(-1 = none) values(0/1) prefix
-#       name_lo name_hi has_name_hi seq_lo seq_hi ancestor tag...
-# Returns name, meta, value for every selected record, in order.
+#       name_lo name_hi has_name_hi seq_lo seq_hi ancestor
+#       depth(-1 = any) children(0/1) tag...
+# Returns name, meta, value for every selected record, in order, each
+# followed by its children (with children=1).
 _LIST_LUA = _LUA_COMMON + r"""
 local r, n, x, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local by_seq, desc = ARGV[1] == "seq", ARGV[2] == "1"
 local limit, values, prefix = tonumber(ARGV[3]), ARGV[4] == "1", ARGV[5]
 local nlo, nhi, has_nhi = ARGV[6], ARGV[7], ARGV[8] == "1"
 local slo, shi, anc = ARGV[9], ARGV[10], ARGV[11]
+local depth, children = tonumber(ARGV[12]), ARGV[13] == "1"
 local tags = {}
-for i = 12, #ARGV do tags[#tags + 1] = ARGV[i] end
+for i = 14, #ARGV do tags[#tags + 1] = ARGV[i] end
 
 local out, count = {}, 0
 local function full() return limit >= 0 and count >= limit end
+-- the children of name: "[name/" .. "(name0" in the names zset ("0" follows
+-- "/"), ascending, unfiltered, not counted; one HMGET for all of them
+local function emit_children(name)
+  local kids = redis.call("ZRANGEBYLEX", n, "[" .. name .. "/", "(" .. name .. "0")
+  if #kids == 0 then return end
+  local fields = {}
+  for _, kid in ipairs(kids) do
+    fields[#fields + 1] = "m:" .. kid
+    if values then fields[#fields + 1] = "v:" .. kid end
+  end
+  local got = many("HMGET", r, fields)
+  local step = values and 2 or 1
+  for i, kid in ipairs(kids) do
+    local meta = got[(i - 1) * step + 1]
+    if meta then
+      out[#out + 1] = kid
+      out[#out + 1] = meta
+      out[#out + 1] = values and got[i * 2] or ""
+    end
+  end
+end
 local function emit(name, meta)
   out[#out + 1] = name
   out[#out + 1] = meta
   out[#out + 1] = values and redis.call("HGET", r, "v:" .. name) or ""
   count = count + 1
+  if children then emit_children(name) end
+end
+-- whether name (under prefix) has exactly depth "/" after the prefix; a
+-- deeper name also returns where its ancestor at that depth ends (the
+-- position of the "/" after it), so a walk in name order can skip the
+-- ancestor's whole subtree
+local function at_depth(name)
+  if depth < 0 then return true end
+  local at = #prefix
+  for i = 0, depth do
+    at = string.find(name, "/", at + 1, true)
+    if not at then return i == depth end
+  end
+  return false, at
 end
 -- the record if it passes the filters its index did not apply, else nil
 local function check(name, skip_tag, check_prefix)
   if check_prefix and string.sub(name, 1, #prefix) ~= prefix then return nil end
+  if not at_depth(name) then return nil end
   local meta = redis.call("HGET", r, "m:" .. name)
   if not meta then return nil end
   if #tags > 0 then
@@ -436,8 +484,9 @@ local function check(name, skip_tag, check_prefix)
   end
   return meta
 end
--- walk one lex range in order, in growing chunks, until the limit is met
-local function scan(key, lo, hi, name_at, skip_tag, check_prefix)
+-- walk one lex range in order, in growing chunks, until the limit is met;
+-- by_name: the index is in name order, so a subtree is one run of members
+local function scan(key, lo, hi, name_at, skip_tag, check_prefix, by_name)
   local chunk = 32
   if limit >= 0 then chunk = math.max(limit, 1) end
   while true do
@@ -456,7 +505,19 @@ local function scan(key, lo, hi, name_at, skip_tag, check_prefix)
       end
     end
     if #members < chunk then return end
-    if desc then hi = "(" .. members[#members] else lo = "(" .. members[#members] end
+    local last = members[#members]
+    if desc then hi = "(" .. last else lo = "(" .. last end
+    if by_name then
+      -- the chunk ended inside the subtree of a name at the query depth:
+      -- jump over the rest of it (in descending order, a checkpoint's
+      -- writes come right before it), so the walk reads a bounded number
+      -- of names below the wanted depth
+      local _, cut = at_depth(string.sub(last, name_at))
+      if cut then
+        local base = string.sub(last, 1, name_at + cut - 2)  -- index member of that name
+        if desc then hi = "[" .. base else lo = "[" .. base .. "0" end
+      end
+    end
     chunk = math.min(chunk * 2, 1024)
   end
 end
@@ -492,25 +553,25 @@ if #tags > 0 then
   local family = kind .. tags[best] .. "|"
   if by_seq then
     local lo, hi = seq_range(family)
-    scan(t, lo, hi, #family + 18, best, prefix ~= "")
+    scan(t, lo, hi, #family + 18, best, prefix ~= "", false)
   else
     local hi = "(" .. kind .. tags[best] .. "}"
     if has_nhi then hi = "(" .. family .. nhi end
-    scan(t, "[" .. family .. nlo, hi, #family + 1, best, false)
+    scan(t, "[" .. family .. nlo, hi, #family + 1, best, false, true)
   end
 elseif not by_seq then
   local hi = "+"
   if has_nhi then hi = "(" .. nhi end
   local lo = "-"
   if nlo ~= "" then lo = "[" .. nlo end
-  scan(n, lo, hi, 1, 0, false)
+  scan(n, lo, hi, 1, 0, false, true)
 elseif prefix ~= anc and not index_is_cheaper() then
   -- few names under the prefix: read them all and sort by seq
   local rows = {}
   local lo_seq = tonumber(slo) or 0
   local hi_seq = tonumber(shi)
   for _, name in ipairs(redis.call("ZRANGEBYLEX", n, "[" .. prefix, "(" .. prefix .. "\255")) do
-    local meta = redis.call("HGET", r, "m:" .. name)
+    local meta = at_depth(name) and redis.call("HGET", r, "m:" .. name)
     if meta then
       local seq = tonumber((meta_parts(meta)))
       if seq >= lo_seq and (hi_seq == nil or seq < hi_seq) then
@@ -530,7 +591,7 @@ elseif prefix ~= anc and not index_is_cheaper() then
 else
   -- the seq index of the prefix's longest indexed ancestor
   local lo, hi = seq_range(anc .. "|")
-  scan(x, lo, hi, #anc + 19, 0, prefix ~= anc)
+  scan(x, lo, hi, #anc + 19, 0, prefix ~= anc, false)
 end
 return out
 """
@@ -708,6 +769,8 @@ def _list_args(query: ListQuery) -> list[Any] | None:
         seq_lo,
         seq_hi,
         ancestors[-1] if ancestors else "",
+        -1 if query.depth is None else query.depth,
+        "1" if query.children else "0",
         *_tag_pairs(query.tags),
     ]
 

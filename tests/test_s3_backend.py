@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -337,6 +338,53 @@ def _cost(backend: S3Backend, action: Callable[[], Any]) -> tuple[Any, dict[str,
     backend.reset_counters()
     result = action()
     return result, dict(backend.requests)
+
+
+def _fetched_keys(backend: S3Backend) -> list[str]:
+    """Start recording the object keys of the backend's GetObject requests (unquoted, root stripped)."""
+    keys: list[str] = []
+
+    def hook(request: Any, **_: Any) -> None:
+        path = unquote(urlsplit(request.url).path)
+        keys.append(path.split(backend.root, 1)[1])
+
+    backend.client.meta.events.register_first("before-send.s3.GetObject", hook)
+    return keys
+
+
+def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
+    # The LangGraph saver's "latest checkpoint and its writes": one LIST, one
+    # GET per returned record, none of another record (older checkpoints,
+    # other checkpoints' writes: the depth filter works on listed names).
+    p = Partition("u", "langgraph", "t")
+    puts = [
+        make_put(name, name.encode(), mode=Mode.APPEND, staged=True)
+        for i in range(200)
+        for name in (f"c/x/{i:05d}", f"c/x/{i:05d}/t/0", f"c/x/{i:05d}/u/-1")
+    ]
+    s3.write(p, puts)
+    latest = ListQuery(prefix="c/x/", depth=0, descending=True, limit=1, children=True)
+    fetched = _fetched_keys(s3)
+    got, cost = _cost(s3, lambda: s3.list(p, latest))
+    want = ["c/x/00199", "c/x/00199/t/0", "c/x/00199/u/-1"]
+    assert [r.name for r in got] == want and [r.value for r in got] == [n.encode() for n in want]
+    assert cost == {"ListObjectsV2": 1, "GetObject": 3}
+    assert sorted(fetched) == sorted(s3._rkey(p.key, n)[len(s3.root) :] for n in want)
+
+    # The second newest, its subtree cut by `stop`: still complete (the
+    # subtree is listed on its own), and values=False applies to children.
+    fetched.clear()
+    got = s3.list(p, replace(latest, stop="c/x/00198/t/1", values=False))
+    assert [r.name for r in got] == ["c/x/00198", "c/x/00198/t/0", "c/x/00198/u/-1"]
+    assert all(r.value == b"" for r in got)
+    assert len(fetched) == 3, fetched
+
+    # A checkpoint with 50 writes records is still one LIST (the first page's size).
+    newest = ["c/x/00200", *(f"c/x/00200/t/{i}" for i in range(50))]
+    s3.write(p, [make_put(n, b"w", mode=Mode.APPEND, staged=True) for n in newest])
+    got, cost = _cost(s3, lambda: s3.list(p, latest))
+    assert len(got) == 51 and got[0].name == "c/x/00200"
+    assert cost == {"ListObjectsV2": 1, "GetObject": 51}
 
 
 def test_append_batch_costs_no_reads(s3: S3Backend) -> None:

@@ -28,6 +28,13 @@ length. Ascending-name and seq-ordered listings read the whole prefix,
 except seq-ordered listings filtered on an **indexed tag** (``indexed_tags``,
 by default ``workflow``, the tag the Agent Framework storage queries).
 
+``ListQuery.depth`` is applied to the listed names, before any GET. With
+``children``, a selected record's children (``<name>/...``) sort above it,
+so the inverted listing has already returned them when the record is
+selected: they are GET after it, from the same LIST. "The latest
+checkpoint and its writes" (``depth=0, descending=True, limit=1,
+children=True``) is one LIST plus one GET per record returned.
+
 **Tag index.** For every put carrying an indexed tag, an empty entry
 ``<p>/t/<h>/<inverted seq>/<name>`` is written *before* the record (with the
 staged puts, so a crash leaves at most an entry without its record). A
@@ -113,6 +120,7 @@ import json
 import threading
 import time
 import uuid
+from bisect import bisect_left
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -1032,18 +1040,20 @@ class S3Backend(Backend):
         entries: list[tuple[str, int, str]] = []
         for page in self._pages(base, start_after, page_size):
             batch = []
+            below = False  # reached seqs below `start`: the rest of the listing is lower still
             for key in page:
                 seq, name = self._entry_of(key)
                 if lowest is not None and seq < lowest:
+                    below = True
                     break
-                if name.startswith(q.prefix):
+                if name.startswith(q.prefix) and q.at_depth(name):
                     batch.append((key, seq, name))
             entries.extend(batch)
             if streaming:
                 self._take(pkey, batch, q, objs, out, hidden, stale, ordered=True)
                 if q.limit is not None and len(out) >= q.limit:
                     break
-            if len(batch) < len(page) and lowest is not None:
+            if below:
                 break
         if not streaming:
             if not q.descending:
@@ -1051,12 +1061,18 @@ class S3Backend(Backend):
             self._take(pkey, entries, q, objs, out, hidden, stale, ordered=True)
         if stale:
             self._delete_keys(stale)
-        return (out[: q.limit] if q.limit is not None else out), objs
+        out = out[: q.limit] if q.limit is not None else out
+        return self._with_children(pkey, q, out, objs, hidden, None), objs
 
     # -- listing ---------------------------------------------------------------
 
     def _list_once(self, pkey: str, q: ListQuery, hidden: frozenset[str]) -> tuple[list[Record], list[_Obj]]:
-        """One listing attempt: the records, and every object read (for marker checks)."""
+        """One listing attempt: the records, and every object read (for marker checks).
+
+        The depth filter is applied to the listed *names*, so a record at
+        another depth is never fetched; with ``children`` a selected record's
+        children are found among the listed names (see :meth:`_with_children`).
+        """
         if q.limit == 0:
             return [], []
         if q.order == "seq":
@@ -1068,19 +1084,22 @@ class S3Backend(Backend):
         start_after = self._rkey(pkey, q.stop) if by_name and isinstance(q.stop, str) else None
         lowest = q.start if by_name and isinstance(q.start, str) else None
         streaming = by_name and q.descending and q.limit is not None
-        page_size = min(1000, q.limit + 2) if streaming and not q.tags and q.limit else 1000
+        page_size = self._streaming_page(q) if streaming else 1000
         objs: list[_Obj] = []
         out: list[Record] = []
-        names: list[tuple[str, int, str]] = []
+        listed: list[str] = []  # every name listed, in listing (descending name) order
+        names: list[tuple[str, int, str]] = []  # the candidates: names at the query's depth
         for page in self._pages(prefix, start_after, page_size):
             named = [(k, 0, self._name_of(pkey, k)) for k in page]
-            batch = [e for e in named if lowest is None or e[2] >= lowest]
+            above = [e for e in named if lowest is None or e[2] >= lowest]
+            listed.extend(e[2] for e in above)
+            batch = [e for e in above if q.at_depth(e[2])]
             names.extend(batch)
             if streaming:
                 self._take(pkey, batch, q, objs, out, hidden, None, ordered=True)
                 if q.limit is not None and len(out) >= q.limit:
                     break
-            if len(batch) < len(page):
+            if len(above) < len(named):
                 break  # names below `start`: the rest of the listing is lower still
         if not streaming:
             if by_name and not q.descending:
@@ -1088,8 +1107,80 @@ class S3Backend(Backend):
             self._take(pkey, names, q, objs, out, hidden, None, ordered=by_name)
             if not by_name:
                 out.sort(key=q.sort_key, reverse=q.descending)
-                out = out[: q.limit] if q.limit is not None else out
-        return (out[: q.limit] if q.limit is not None else out), objs
+        out = out[: q.limit] if q.limit is not None else out
+        return self._with_children(pkey, q, out, objs, hidden, listed[::-1]), objs
+
+    @staticmethod
+    def _streaming_page(q: ListQuery) -> int:
+        """The first LIST page of a descending name listing with a limit.
+
+        The limit-th selected record is preceded in the listing by the
+        selected records above it and by names the query skips. Without
+        filters that is ``limit`` keys (+2 of slack). With ``depth`` the
+        skipped names are mostly the selected records' children, listed
+        before their parent (a LangGraph checkpoint's writes: one record per
+        task and channel, rarely more than ~50): 64 per selected record plus
+        64 for orphans keeps "the latest checkpoint and its writes" one LIST.
+        A larger MaxKeys costs nothing on S3 (one request, a few KiB more
+        of XML) and little on moto, whose LIST cost is the bucket scan.
+        With a tag filter any number of records may be skipped: a full page.
+        """
+        assert q.limit is not None
+        if q.tags:
+            return 1000
+        if q.depth is not None:
+            return min(1000, 64 * q.limit + 64)
+        return min(1000, q.limit + 2)
+
+    def _with_children(
+        self,
+        pkey: str,
+        q: ListQuery,
+        selected: list[Record],
+        objs: list[_Obj],
+        hidden: frozenset[str],
+        listed: list[str] | None,
+    ) -> list[Record]:
+        """``selected``, each record followed by its children when ``q.children``.
+
+        The children are GET only now, after their parents were selected (a
+        parent's tags are only known from its GET), all together, and pass
+        through the same visibility handling as any record read (``objs``
+        collects them for the marker checks). ``listed`` is the ascending list
+        of names the listing returned, or None when it did not list names
+        (the tag index); see :meth:`_child_names`.
+        """
+        if not q.children or not selected:
+            return selected
+        kids = [self._child_names(pkey, q, record.name, listed) for record in selected]
+        got = iter(self._map(lambda n: self._fetch(pkey, n, q.values), [n for names in kids for n in names]))
+        out: list[Record] = []
+        for record, names in zip(selected, kids):
+            out.append(record)
+            for _ in names:
+                obj = next(got)
+                if obj is not None:
+                    objs.append(obj)
+                obj = self._visible(obj, hidden)
+                if obj is not None and obj.record is not None:
+                    out.append(obj.record)
+        return out
+
+    def _child_names(self, pkey: str, q: ListQuery, parent: str, listed: list[str] | None) -> list[str]:
+        """The names starting with ``parent + "/"``, ascending.
+
+        Taken from ``listed`` when it holds them all: a name listing has
+        every name of the subtree of a record it selected, since they sort
+        above the record (in the inverted listing, before it) and so above
+        ``start`` too. Only a listing cut at ``stop`` (``StartAfter``) can
+        miss some, when ``stop`` falls inside the subtree. Otherwise, one LIST
+        of the subtree's own prefix.
+        """
+        lo, hi = parent + "/", parent + "0"  # "0" follows "/": [lo, hi) is exactly the subtree
+        cut = q.order == "name" and isinstance(q.stop, str) and q.stop < hi
+        if listed is not None and not cut:
+            return listed[bisect_left(listed, lo) : bisect_left(listed, hi)]
+        return [self._name_of(pkey, k) for k in reversed(self._keys(self._rprefix(pkey) + _invert(lo)))]
 
     def _take(
         self,

@@ -84,6 +84,7 @@ any other ``sqlite3.Error``
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sqlite3
@@ -91,7 +92,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any, TypeVar
@@ -197,11 +197,12 @@ _NOT_RETRYABLE: tuple[type[Exception], ...] = (
     sqlite3.NotSupportedError,
     sqlite3.Warning,
 )
+#: Every exception the driver raises (``sqlite3.Warning`` is not an ``sqlite3.Error``).
+_DRIVER_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, sqlite3.Warning)
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
 
-@contextmanager
-def translate_errors(path: str | os.PathLike[str] = "") -> Iterator[None]:
+class translate_errors:  # noqa: N801 - used as a function: ``with translate_errors(path):``
     """Turn ``sqlite3`` exceptions raised inside the block into library errors.
 
     Outages (locked, busy, I/O, full disk, not a database, ...) become
@@ -209,6 +210,8 @@ def translate_errors(path: str | os.PathLike[str] = "") -> Iterator[None]:
     SQLite limit become a plain :class:`CheckpointerError`, so nobody retries
     them as if the disk were away. The driver's exception is chained as
     ``__cause__``. Busy retries happen before this, in :func:`_retrying`.
+    (A class, not a ``@contextmanager`` generator: it wraps every call, and
+    a generator costs a few microseconds of GIL-holding CPU per use.)
 
     >>> try:
     ...     with translate_errors("x.db"):
@@ -217,15 +220,25 @@ def translate_errors(path: str | os.PathLike[str] = "") -> Iterator[None]:
     ...     print(type(exc.__cause__).__name__, "->", type(exc).__name__)
     OperationalError -> BackendUnavailableError
     """
-    try:
-        yield
-    except _NOT_RETRYABLE as exc:
-        raise CheckpointerError(
-            f"SQLite database {str(path)!r}: the driver refused the operation "
-            f"({type(exc).__name__}: {exc}). This is not an outage and retrying will not "
-            f"help: it is a bug in checkpointers (please report it) or a SQLite limit."
-        ) from exc
-    except sqlite3.Error as exc:
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike[str] = "") -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, _DRIVER_ERRORS):
+            return False
+        path = str(self.path)
+        if isinstance(exc, _NOT_RETRYABLE):
+            raise CheckpointerError(
+                f"SQLite database {path!r}: the driver refused the operation "
+                f"({type(exc).__name__}: {exc}). This is not an outage and retrying will not "
+                f"help: it is a bug in checkpointers (please report it) or a SQLite limit."
+            ) from exc
         if _is_busy(exc):
             hint = (
                 "another connection held the write lock longer than the timeout; "
@@ -234,7 +247,7 @@ def translate_errors(path: str | os.PathLike[str] = "") -> Iterator[None]:
         else:
             hint = "check that the file is a SQLite database, its directory is writable and the disk has room"
         raise BackendUnavailableError(
-            f"SQLite database {str(path)!r} is unavailable ({type(exc).__name__}: {exc}); {hint}"
+            f"SQLite database {path!r} is unavailable ({type(exc).__name__}: {exc}); {hint}"
         ) from exc
 
 
@@ -323,24 +336,43 @@ def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
 # -- the operations, written once as functions of a sqlite3 connection ---------
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection, immediate: bool) -> Iterator[None]:
+class _transaction:  # noqa: N801 - used as a function: ``with _transaction(conn, immediate):``
     """One explicit transaction: COMMIT on success, ROLLBACK on any exception.
 
     The block may end the transaction itself (a refused batch rolls back).
+    A class rather than a ``@contextmanager`` generator: every write runs
+    one, and the generator machinery costs CPU that competes for the GIL.
     """
-    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-    try:
-        yield
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # the original error is the one worth reporting
-        raise
+
+    __slots__ = ("conn", "begin")
+
+    def __init__(self, conn: sqlite3.Connection, immediate: bool) -> None:
+        self.conn = conn
+        self.begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+    def __enter__(self) -> None:
+        self.conn.execute(self.begin)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        conn = self.conn
+        if exc is None:
+            if conn.in_transaction:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            return False
+        _rollback(conn)
+        return False
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the original error is the one worth reporting
 
 
 def _schema_version(conn: sqlite3.Connection) -> int:
@@ -413,6 +445,18 @@ def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Reco
     return [found.get(n) for n in names]
 
 
+@functools.lru_cache(maxsize=64)
+def _prelude_sql(count: int) -> str:
+    """The statement of :func:`_prelude` for ``count`` names (built once per count)."""
+    marks = ",".join("?" * count)
+    return (
+        f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks}) "
+        "UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ?), 0), "
+        "(SELECT seq FROM seq_counter WHERE id = 0)), "
+        "EXISTS (SELECT 1 FROM partitions WHERE pkey = ?), NULL, NULL, NULL"
+    )
+
+
 def _prelude(
     conn: sqlite3.Connection, pkey: str, names: Sequence[str]
 ) -> tuple[dict[str, Record], int, bool]:
@@ -426,16 +470,8 @@ def _prelude(
     so puts writing no counter row still get seqs above all earlier ones.
     """
     first, rest = names[:_CHUNK], names[_CHUNK:]
-    marks = ",".join("?" * len(first))
-    rows = conn.execute(
-        f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks}) "
-        "UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ?), 0), "
-        "(SELECT seq FROM seq_counter WHERE id = 0)), "
-        "EXISTS (SELECT 1 FROM partitions WHERE pkey = ?), NULL, NULL, NULL",
-        (pkey, *first, pkey, pkey),
-    ).fetchall()
     found: dict[str, Record] = {}
-    for row in rows:
+    for row in conn.execute(_prelude_sql(len(first)), (pkey, *first, pkey, pkey)).fetchall():
         if row[0] is None:  # the summary row (no record has a NULL name)
             base, has_partition = row[1], row[2]
         else:
@@ -468,38 +504,43 @@ def _write(
             conn.execute("ROLLBACK")
             return WriteResult(records=[], conflict=Conflict(conflict.index, conflict.name, stored))
 
-        # Append no-ops keep the stored record (and its seq); the rest are applied.
+        # Append no-ops keep the stored record (and its seq); the rest are
+        # applied, with seqs counting up from ``base``, in one pass.
         kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
         skipped = set(noops)
-        applied = [i for i in range(len(puts)) if i not in skipped]
         seqs: dict[int, int] = {}
-        if applied:
-            seqs = {i: base + 1 + n for n, i in enumerate(applied)}
+        rows: list[tuple[Any, ...]] = []
+        tag_rows: list[tuple[Any, ...]] = []
+        retagged: list[str] = []
+        seq = base
+        for i, put in enumerate(puts):
+            if i in skipped:
+                continue
+            seq += 1
+            seqs[i] = seq
+            name, tags = put.name, put.tags
+            rows.append((pkey, name, seq, put.etag, put.digest, _tags_json(tags), put.value))
+            tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
+            # Only records that existed can have tag rows to replace (a delete
+            # removes them), so new names (blobs, checkpoints) skip the DELETE.
+            if name in existing:
+                retagged.append(name)
+        if rows:
             conn.executemany(
                 "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pkey, name) DO UPDATE SET "
                 "seq = excluded.seq, etag = excluded.etag, digest = excluded.digest, "
                 "tags = excluded.tags, value = excluded.value",
-                [
-                    (pkey, puts[i].name, seqs[i], puts[i].etag, puts[i].digest,
-                     _tags_json(puts[i].tags), puts[i].value)
-                    for i in applied
-                ],
+                rows,
             )
             if not has_partition:
                 conn.execute(
                     "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
                     (pkey, partition.user_key, _blob(partition.name)),
                 )
-        # Only records that existed can have tag rows to replace (a delete
-        # removes them), so new names (blobs, checkpoints) skip the DELETE.
-        retagged = [puts[i].name for i in applied if puts[i].name in existing]
         retagged += [d.name for d in deletes]
         if retagged:
             conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
-        tag_rows = [
-            (pkey, puts[i].name, _text(k), _text(v), seqs[i]) for i in applied for k, v in puts[i].tags.items()
-        ]
         if tag_rows:
             conn.executemany("INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)", tag_rows)
         if deletes:
@@ -761,7 +802,7 @@ class SqliteBackend(Backend):
     async def awrite(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return await self._arun(self._serialized(_write), partition, tuple(puts), tuple(deletes))
+        return await self._arun(self._on_writer, _write, partition, tuple(puts), tuple(deletes))
 
     async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
         return await self._arun(_list, partition.key, query)
@@ -770,7 +811,7 @@ class SqliteBackend(Backend):
         return await self._arun(_partitions, Partition(user, space, "").user_key)
 
     async def adrop(self, partition: Partition) -> int:
-        return await self._arun(self._serialized(_drop), partition.key)
+        return await self._arun(self._on_writer, _drop, partition.key)
 
     # -- connections -----------------------------------------------------------------
 
@@ -796,10 +837,10 @@ class SqliteBackend(Backend):
             raise
         return conn
 
-    def _serialized(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """``fn`` run on the writer connection, under the writer lock.
+    def _on_writer(self, _ignored: Any, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(writer connection, *args)``, under the writer lock.
 
-        Runs on whatever thread executes it (the caller's for sync calls, an
+        Runs on whatever thread calls it (the caller's for sync calls, an
         aiosqlite worker for async ones) and ignores the connection it is
         handed: every write of this backend goes through one connection, so
         its page cache stays warm. A connection's cache is dropped whenever
@@ -807,22 +848,18 @@ class SqliteBackend(Backend):
         LangGraph's concurrent put/put_writes threads made the pool hand out
         alternating connections that re-read every page they touched.
         """
-
-        def run(_ignored: Any, *args: Any) -> T:
-            with self._writer:
-                conn = self._wconn
-                if conn is None:
-                    if self._closed:
-                        raise self._closed_error()
-                    conn = self._wconn = self._connect()
-                try:
-                    return fn(conn, *args)
-                finally:
-                    if conn.in_transaction or self._closed:  # broken, or closed meanwhile
-                        self._wconn = None
-                        conn.close()
-
-        return run
+        with self._writer:
+            conn = self._wconn
+            if conn is None:
+                if self._closed:
+                    raise self._closed_error()
+                conn = self._wconn = self._connect()
+            try:
+                return fn(conn, *args)
+            finally:
+                if conn.in_transaction or self._closed:  # broken, or closed meanwhile
+                    self._wconn = None
+                    conn.close()
 
     def _closed_error(self) -> BackendUnavailableError:
         return BackendUnavailableError(f"SqliteBackend({self.path!r}) is closed; open a new one")
@@ -842,11 +879,11 @@ class SqliteBackend(Backend):
                 self._give_back(conn)
 
     def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on the writer connection (see :meth:`_serialized`)."""
+        """Run ``fn(conn, *args)`` on the writer connection (see :meth:`_on_writer`)."""
         if self._closed:
             raise self._closed_error()
         with translate_errors(self.path):
-            return _retrying(self.timeout, self._serialized(fn), None, *args)
+            return _retrying(self.timeout, self._on_writer, None, fn, *args)
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
         with self._lock:

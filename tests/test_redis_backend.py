@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
 import redis.exceptions as rex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,6 +230,47 @@ def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend
     before = b.round_trips
     assert [r.name for r in b.list(p, ListQuery(limit=2))] == ["a", "b"]
     assert b.round_trips - before == 1  # the other scripts were reloaded with the first
+
+
+def test_connections_are_kept_checked_and_handed_back(redis_url: str) -> None:
+    """Round trips reuse the backend's idle connections (sync and async); one the
+    server closed meanwhile is reconnected without a retry; close() gives them back."""
+    client = redis.Redis.from_url(redis_url)
+    aclient = redis.asyncio.Redis.from_url(redis_url)
+    prefix = f"conn{uuid.uuid4().hex[:8]}"
+    b = RedisBackend(client, aclient=aclient, prefix=prefix)
+    p = Partition("conn", "items", "s")
+    try:
+        b.write(p, [make_put("a", b"1")])
+        (pool, conn), = b._idle
+        assert conn in client.connection_pool._in_use_connections
+        for _ in range(3):
+            assert b.get(p, ["a"])[0] is not None
+        assert b._idle == [(pool, conn)]  # the same connection every time
+        client.client_kill_filter(_id=conn_id(conn))  # as a server timeout would
+        assert b.get(p, ["a"])[0] is not None and b.retries == 0
+        b.close()
+        assert b._idle == [] and not client.connection_pool._in_use_connections
+
+        async def async_calls() -> None:
+            for _ in range(3):
+                assert (await b.aget(p, ["a"]))[0] is not None
+            (aconn,) = b._aidle[aclient.connection_pool]
+            assert aconn in aclient.connection_pool._in_use_connections
+            await b.aclose()
+            assert not aclient.connection_pool._in_use_connections
+            await aclient.aclose()
+
+        asyncio.run(async_calls())
+    finally:
+        b.close()
+        client.close()
+
+
+def conn_id(conn: object) -> int:
+    """The server's id of a redis-py connection."""
+    conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]
+    return int(conn.read_response())  # type: ignore[attr-defined]
 
 
 # -- list strategies against the reference ------------------------------------

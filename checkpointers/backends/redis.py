@@ -136,6 +136,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import random
 import threading
 import time
@@ -808,6 +809,18 @@ def _applied_before(
     return own or not puts
 
 
+def _release_idle(idle: list[tuple[Any, Any]]) -> None:
+    """Hand the idle connections of a backend back to their pools (this process's only)."""
+    pid = os.getpid()
+    while True:
+        try:
+            pool, conn = idle.pop()
+        except IndexError:
+            return
+        if conn.pid == pid:
+            pool.release(conn)
+
+
 async def _loop_guard(client: Any) -> AsyncIterator[None]:
     """Close ``client`` when its event loop shuts down.
 
@@ -902,6 +915,12 @@ class RedisBackend(Backend):
             asyncio.AbstractEventLoop, tuple[Any, AsyncIterator[None]]
         ] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        #: Idle sync connections held out of their pool: (pool, connection).
+        self._idle: list[tuple[Any, Any]] = []
+        weakref.finalize(self, _release_idle, self._idle)  # a user's pool gets them back
+        #: The same for the async clients, per pool (each belongs to one event loop;
+        #: closing one of our clients closes its connections, in use or not).
+        self._aidle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -987,6 +1006,7 @@ class RedisBackend(Backend):
         (``asyncio.run`` and test runners shut loops down), or here when its
         loop is open but idle; inside a running loop, use :meth:`aclose`.
         """
+        _release_idle(self._idle)
         if self._owns_client and self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(*DRIVER_ERRORS):
@@ -999,6 +1019,10 @@ class RedisBackend(Backend):
     async def aclose(self) -> None:
         """Close the clients this backend created, the current loop's async one included."""
         self.close()
+        if self._aclient is not None:  # the user's client: its pool gets our connections back
+            pool = self._aclient.connection_pool
+            for conn in self._aidle.pop(pool, []):
+                await pool.release(conn)
         entry = self._aclients.pop(asyncio.get_running_loop(), None)
         if entry is not None:
             await entry[1].aclose()
@@ -1043,53 +1067,103 @@ class RedisBackend(Backend):
             args += [("SCRIPT", "LOAD", script.source) for script in _SCRIPTS if script not in used]
         return args
 
+    def _take(self, pool: Any) -> Any:
+        """A connection for one round trip: an idle one of ours, else the pool's.
+
+        Connections stay checked out of the client's pool between calls, on
+        :attr:`_idle` (a LIFO shared by the threads; ``pop``/``append`` are
+        atomic): ``pool.get_connection()``/``release()`` cost a lock, metrics
+        and events per round trip, several times the rest of the client's
+        work for a small write. What the pool checks before handing out a
+        connection is done here too: same process, nothing unread, else
+        reconnect. :meth:`close` hands them back.
+        """
+        pid = os.getpid()
+        while True:
+            try:
+                owner, conn = self._idle.pop()
+            except IndexError:
+                return pool.get_connection()
+            if owner is not pool or conn.pid != pid:
+                # another client's (closed and replaced) or inherited from the
+                # parent process, whose socket it must never touch
+                if conn.pid == pid:
+                    owner.release(conn)
+                continue
+            try:
+                stale = conn.can_read()  # closed by the server, or a stray reply
+            except (rex.ConnectionError, rex.TimeoutError, OSError):
+                stale = True
+            if stale:
+                conn.disconnect()  # the send reconnects
+            return conn
+
+    def _give_back(self, pool: Any, conn: Any) -> None:
+        self._idle.append((pool, conn))
+
     def _direct(self, client: Any, call: _Call, use_sha: bool) -> list[Any]:
-        """Send ``call`` as one packed write on a pooled connection and read every reply.
+        """Send ``call`` as one packed write on a connection of ours and read every reply.
 
         What ``pipeline(transaction=False).execute(raise_on_error=False)``
         does for a standalone client, without the pipeline object: the same
-        packing, reply parsing and callbacks, error replies returned in
-        place. A connection that failed mid-way is dropped, never reused.
+        packing (sent with one ``sendall``, not one per large argument), reply
+        parsing and callbacks, error replies returned in place. A connection
+        that failed mid-way is dropped, never reused.
         """
         wire = self._wire(call, use_sha)
         pool = client.connection_pool
         self.round_trips += 1  # an attempt counts, as a pipeline did, even if connecting fails
-        conn = pool.get_connection()
+        conn = self._take(pool)
         try:
-            conn.send_packed_command(conn.pack_commands(wire))
+            packed = conn.pack_commands(wire)
+            conn.send_packed_command(packed if len(packed) == 1 else [b"".join(packed)])
             replies: list[Any] = []
             for args in wire:
                 try:
                     replies.append(client.parse_response(conn, args[0]))
                 except rex.ResponseError as exc:
                     replies.append(exc)
-            return replies
         except BaseException:
             conn.disconnect()
-            raise
-        finally:
             pool.release(conn)
+            raise
+        self._give_back(pool, conn)
+        return replies
 
     async def _adirect(self, client: Any, call: _Call, use_sha: bool) -> list[Any]:
         """Async :meth:`_direct` (``redis.asyncio`` standalone client)."""
         wire = self._wire(call, use_sha)
         pool = client.connection_pool
         self.round_trips += 1
-        conn = await pool.get_connection()
+        idle = self._aidle.get(pool)
+        if idle is None:
+            idle = self._aidle.setdefault(pool, [])
         try:
-            await conn.send_packed_command(conn.pack_commands(wire))
+            conn = idle.pop()
+        except IndexError:
+            conn = await pool.get_connection()
+        else:
+            try:  # what the pool checks: closed by the server, or a stray reply
+                stale = await conn.can_read()
+            except (rex.ConnectionError, rex.TimeoutError, OSError):
+                stale = True
+            if stale:
+                await conn.disconnect()  # the send below reconnects
+        try:
+            packed = conn.pack_commands(wire)
+            await conn.send_packed_command(packed if len(packed) == 1 else [b"".join(packed)])
             replies: list[Any] = []
             for args in wire:
                 try:
                     replies.append(await client.parse_response(conn, args[0]))
                 except rex.ResponseError as exc:
                     replies.append(exc)
-            return replies
         except BaseException:
             await conn.disconnect()
-            raise
-        finally:
             await pool.release(conn)
+            raise
+        idle.append(conn)
+        return replies
 
     def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:
         """The results, ``None`` to re-send with EVAL, or raise the first error."""

@@ -490,7 +490,8 @@ class SaverFlows:
                     budget -= len(old_inline[channel])
                 elif channel in values:
                     add_blob(channel)
-        saved = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        saved: dict[str, Any] = dict(checkpoint)
+        saved.pop("channel_values", None)
         payload = {
             "v": _FORMAT,
             "ns": ns,

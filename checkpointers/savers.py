@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -71,6 +71,8 @@ __all__ = [
 
 _STRATEGIES = ("keep_latest", "delete")
 _SAVER_OPTIONS = ("user", "require_user", "serde", "max_item_bytes")
+#: Partitions (with their encoded keys) kept per saver, by (user, thread id).
+_PARTITION_CACHE_SIZE = 4096
 
 
 def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -117,6 +119,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         self.require_user = require_user
         self.max_item_bytes = max_item_bytes
         self._acting: ContextVar[str | None] = ContextVar(f"checkpointers_user_{id(self)}", default=None)
+        self._partitions: dict[tuple[str, str], Partition] = {}
         self._init_flows()
 
     @classmethod
@@ -171,11 +174,23 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     def _partition(self, config: RunnableConfig | None, thread_id: object) -> Partition:
         if thread_id is None:
             raise ValueError("the config has no configurable.thread_id; pass one to name the thread")
-        return Partition(self._user(config), SPACE, str(thread_id))
+        user, thread = self._user(config), str(thread_id)
+        # Every put, put_writes and read names the same few threads again: a
+        # cached Partition keeps its encoded key, instead of percent-encoding
+        # user, space and thread id into a new one each call (GIL-held CPU
+        # that competes with the graph runtime). Shared by every view.
+        cache = self._partitions
+        found = cache.get((user, thread))
+        if found is None:
+            if len(cache) >= _PARTITION_CACHE_SIZE:
+                cache.clear()  # a bound, not an LRU: threads come back cheaply
+            found = cache[(user, thread)] = Partition(user, SPACE, thread)
+        return found
 
     @staticmethod
-    def _conf(config: RunnableConfig) -> dict[str, Any]:
-        return dict(config.get("configurable") or {})
+    def _conf(config: RunnableConfig) -> Mapping[str, Any]:
+        """The config's ``configurable`` section (read only: never modified)."""
+        return config.get("configurable") or {}
 
     def _tuple(self, found: Found, thread_id: object, config: RunnableConfig | None) -> CheckpointTuple:
         extra: dict[str, Any] = {}

@@ -244,11 +244,6 @@ end
 local function pad(seq)
   return string.format("%016d", tonumber(seq))
 end
-local function words(s)
-  local out = {}
-  for w in string.gmatch(s, "[^ ]+") do out[#out + 1] = w end
-  return out
-end
 local function push(list, a, b)
   list[#list + 1] = a
   list[#list + 1] = b
@@ -264,6 +259,13 @@ local function many(cmd, key, args)
     end
   end
   return out
+end
+-- the same for a command whose replies are not needed (no result table: a
+-- Lua table costs as much as a short redis.call's argument handling)
+local function apply(cmd, key, args)
+  for s = 1, #args, 4000 do
+    redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
+  end
 end
 """
 
@@ -304,7 +306,7 @@ local function refuse(i, name)
       orphans[#orphans + 1] = "v:" .. ARGV[3 + k * PW + 1]
     end
   end
-  many("HDEL", r, orphans)
+  apply("HDEL", r, orphans)
   return out
 end
 for i = 0, np - 1 do
@@ -345,18 +347,24 @@ local function unindex(name, meta, ancestors)
   local seq, _, _, pairs = meta_parts(meta)
   local s = pad(seq)
   x_old[#x_old + 1] = "|" .. s .. "|" .. name
-  for _, a in ipairs(words(ancestors)) do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
-  for _, p in ipairs(words(pairs)) do
+  for a in string.gmatch(ancestors, "[^ ]+") do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
+  for p in string.gmatch(pairs, "[^ ]+") do
     t_old[#t_old + 1] = "s" .. p .. "|" .. s .. "|" .. name
     t_old[#t_old + 1] = "n" .. p .. "|" .. name
   end
 end
 local applied = 0
 for i = 0, np - 1 do if not noop[i] then applied = applied + 1 end end
-local was_empty = redis.call("EXISTS", n) == 0 and 1 or 0
-local out = {1, was_empty, 0}
+-- was it empty? Its seq counter says so without one more command: every
+-- applied put creates the counter, and whatever empties a partition removes
+-- it too (step 3 below, drop, a ttl expiring all the keys at once). A batch
+-- that applies no put cannot fill an empty partition: 0 is right for it.
+local out = {1, 0, 0}
 local seq = 0
-if applied > 0 then seq = redis.call("INCRBY", seqkey, applied) - applied end
+if applied > 0 then
+  seq = redis.call("INCRBY", seqkey, applied) - applied
+  if seq == 0 then out[2] = 1 end
+end
 for i = 0, np - 1 do
   local b = 3 + i * PW
   local name, pairs, ancestors = ARGV[b + 1], ARGV[b + 6], ARGV[b + 8]
@@ -369,12 +377,13 @@ for i = 0, np - 1 do
     local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
     push(r_new, "m:" .. name, meta)
     if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
-    push(n_new, 0, name)
-    push(x_new, 0, "|" .. s .. "|" .. name)
-    for _, a in ipairs(words(ancestors)) do push(x_new, 0, a .. "|" .. s .. "|" .. name) end
-    for _, p in ipairs(words(pairs)) do
-      push(t_new, 0, "s" .. p .. "|" .. s .. "|" .. name)
-      push(t_new, 0, "n" .. p .. "|" .. name)
+    -- scores are the string "0": a Lua number would be formatted for every member
+    push(n_new, "0", name)
+    push(x_new, "0", "|" .. s .. "|" .. name)
+    for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end
+    for p in string.gmatch(pairs, "[^ ]+") do
+      push(t_new, "0", "s" .. p .. "|" .. s .. "|" .. name)
+      push(t_new, "0", "n" .. p .. "|" .. name)
     end
     out[#out + 1] = meta
   end
@@ -387,18 +396,18 @@ for j = 0, nd - 1 do
     push(gone, "m:" .. name, "v:" .. name)
   end
 end
-many("ZREM", x, x_old)
-many("ZREM", t, t_old)
+apply("ZREM", x, x_old)
+apply("ZREM", t, t_old)
 local n_old = {}
 for j = 0, nd - 1 do
   if stored[np + j] then n_old[#n_old + 1] = ARGV[D0 + j * DW + 1] end
 end
-many("ZREM", n, n_old)
-many("HDEL", r, gone)
-many("HSET", r, r_new)
-many("ZADD", n, n_new)
-many("ZADD", x, x_new)
-many("ZADD", t, t_new)
+apply("ZREM", n, n_old)
+apply("HDEL", r, gone)
+apply("HSET", r, r_new)
+apply("ZADD", n, n_new)
+apply("ZADD", x, x_new)
+apply("ZADD", t, t_new)
 
 -- 3. an empty partition keeps no keys; a live one gets its expiry refreshed
 --    (a batch that stored a put cannot have left it empty)

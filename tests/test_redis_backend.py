@@ -267,6 +267,23 @@ def test_connections_are_kept_checked_and_handed_back(redis_url: str) -> None:
         client.close()
 
 
+def test_one_buffer_packs_like_redis_py(redis_url: str) -> None:
+    """The whole call goes out as one buffer, byte for byte what redis-py packs."""
+    from checkpointers.backends.redis import _pack
+
+    client = redis.Redis.from_url(redis_url)
+    conn = client.connection_pool.get_connection()
+    try:
+        big = b"v" * 20_000  # redis-py sends this one as a separate chunk
+        for wire in ([("HSET", "k", "f", b"x")],
+                     [("HSET", "k", "f", big), ("EVALSHA", "ab" * 20, 2, "k1", "k2", 7, "s", b"\x00\xff")],
+                     [("HSET", "k", "f", bytearray(b"ba"))]):  # fmt: skip
+            assert _pack(conn, wire) == [b"".join(conn.pack_commands(wire))]
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+
+
 def conn_id(conn: object) -> int:
     """The server's id of a redis-py connection."""
     conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]

@@ -158,6 +158,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the Redis backend needs redis-py: pip install 'checkpointers[redis]'"
     ) from exc
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - depends on the environment
+    _hiredis_pack = None  # type: ignore[assignment]
 
 from . import url_flag
 from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
@@ -818,6 +822,22 @@ def _applied_before(
     return own or not puts
 
 
+def _pack(conn: Any, wire: list[tuple[Any, ...]]) -> list[bytes]:
+    """``wire`` as one buffer for ``conn.send_packed_command`` (one ``sendall``).
+
+    With hiredis, every command is packed by ``hiredis.pack_command`` in one
+    pass, as redis-py's sync hiredis serializer does (utf-8 for ``str``), minus
+    its per-argument checks; redis-py's own packing is the fallback.
+    """
+    if _hiredis_pack is not None:
+        try:
+            return [b"".join(map(_hiredis_pack, wire))]
+        except TypeError:
+            pass  # an argument type only redis-py converts (bytearray, ...)
+    packed = conn.pack_commands(wire)
+    return packed if len(packed) == 1 else [b"".join(packed)]
+
+
 def _release_idle(idle: list[tuple[Any, Any]]) -> None:
     """Hand the idle connections of a backend back to their pools (this process's only)."""
     pid = os.getpid()
@@ -1124,8 +1144,7 @@ class RedisBackend(Backend):
         self.round_trips += 1  # an attempt counts, as a pipeline did, even if connecting fails
         conn = self._take(pool)
         try:
-            packed = conn.pack_commands(wire)
-            conn.send_packed_command(packed if len(packed) == 1 else [b"".join(packed)])
+            conn.send_packed_command(_pack(conn, wire))
             replies: list[Any] = []
             for args in wire:
                 try:
@@ -1159,8 +1178,7 @@ class RedisBackend(Backend):
             if stale:
                 await conn.disconnect()  # the send below reconnects
         try:
-            packed = conn.pack_commands(wire)
-            await conn.send_packed_command(packed if len(packed) == 1 else [b"".join(packed)])
+            await conn.send_packed_command(_pack(conn, wire))
             replies: list[Any] = []
             for args in wire:
                 try:

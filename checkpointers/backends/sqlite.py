@@ -91,7 +91,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,6 +105,7 @@ from .base import (
     Conflict,
     Delete,
     ListQuery,
+    Mode,
     Put,
     Record,
     WriteResult,
@@ -486,77 +487,185 @@ def _retire_seqs(conn: sqlite3.Connection, seq: int) -> None:
     conn.execute("UPDATE seq_counter SET seq = MAX(seq, ?) WHERE id = 0", (seq,))
 
 
+_INSERT = "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) VALUES (?, ?, ?, ?, ?, ?, ?) "
+_INSERT_OR_REPLACE = _INSERT + (
+    "ON CONFLICT (pkey, name) DO UPDATE SET seq = excluded.seq, etag = excluded.etag, "
+    "digest = excluded.digest, tags = excluded.tags, value = excluded.value"
+)
+_INSERT_NEW = _INSERT + "ON CONFLICT (pkey, name) DO NOTHING"
+_INSERT_TAGS = "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)"
+#: Modes whose puts are written as given exactly when their name is absent.
+_NEW_NAME_MODES = (Mode.APPEND, Mode.CREATE)
+#: Partitions whose next seq a writer connection remembers (a bound, not an LRU).
+_MEMO_SIZE = 4096
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that remembers, per partition it wrote, the seq to count up from.
+
+    ``bases[pkey]`` is what :func:`_prelude` would return as ``base`` for a
+    partition that has its ``partitions`` row. It is set from this
+    connection's own committed writes, and trusted only while ``PRAGMA
+    data_version`` (read inside the write transaction) is the value this
+    connection saw before: that value changes exactly when *another*
+    connection, of this process or any other, has committed since. So a write
+    or drop by anyone else, a delete raising ``seq_counter`` included, empties
+    the memo before it is used; this connection's own writes update it
+    (:meth:`wrote`). Only the writer connection of a backend writes, so the
+    memo stays warm while one process writes alone.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.version: int | None = None
+        self.bases: dict[str, int] = {}
+
+    def known_base(self, pkey: str) -> int | None:
+        """The remembered base of ``pkey`` if still current (call inside the write transaction)."""
+        (version,) = self.execute("PRAGMA data_version").fetchone()
+        if version != self.version:
+            self.bases.clear()
+            self.version = version
+            return None
+        return self.bases.get(pkey)
+
+    def wrote(self, pkey: str, base: int | None, everywhere: bool) -> None:
+        """After a commit: ``pkey`` now counts up from ``base`` (``None``: unknown).
+
+        ``everywhere``: the commit deleted records, which raises the shared
+        ``seq_counter`` and may remove a ``partitions`` row, so nothing is kept.
+        """
+        if everywhere:
+            self.bases.clear()
+        elif base is None:
+            self.bases.pop(pkey, None)
+        else:
+            if len(self.bases) >= _MEMO_SIZE and pkey not in self.bases:
+                self.bases.clear()
+            self.bases[pkey] = base
+
+
+def _rows(
+    pkey: str, puts: Sequence[Put], base: int, skipped: Collection[int] = ()
+) -> tuple[dict[int, int], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Seqs (by put index), record rows and tag rows of the puts not ``skipped``, counting up from ``base``."""
+    seqs: dict[int, int] = {}
+    rows: list[tuple[Any, ...]] = []
+    tag_rows: list[tuple[Any, ...]] = []
+    seq = base
+    for i, put in enumerate(puts):
+        if i in skipped:
+            continue
+        seq += 1
+        seqs[i] = seq
+        name, tags = put.name, put.tags
+        rows.append((pkey, name, seq, put.etag, put.digest, _tags_json(tags), put.value))
+        tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
+    return seqs, rows, tag_rows
+
+
+def _applied(puts: Sequence[Put], seqs: Mapping[int, int], kept: Mapping[str, Record]) -> list[Record]:
+    """The records a batch leaves: the written puts with their seqs, the kept no-ops as stored."""
+    return [
+        Record(p.name, p.value, dict(p.tags), p.etag, p.digest, seqs[i]) if i in seqs else kept[p.name]
+        for i, p in enumerate(puts)
+    ]
+
+
 def _write(
     conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
 ) -> WriteResult:
     check_batch(puts, deletes)
     if not puts and not deletes:
         return WriteResult(records=[])
-    pkey = partition.key
-    with _transaction(conn, immediate=True):
-        names = [p.name for p in puts] + [d.name for d in deletes]
-        existing, base, has_partition = _prelude(conn, pkey, names)
-        conflict, noops = evaluate(puts, deletes, existing)
-        if conflict is not None:
-            stored = None
-            if conflict.existing is not None:
-                stored = _fetch(conn, pkey, [conflict.name], values=True)[conflict.name]
-            conn.execute("ROLLBACK")
-            return WriteResult(records=[], conflict=Conflict(conflict.index, conflict.name, stored))
+    memo = conn if isinstance(conn, _Connection) else None
+    result: WriteResult | None = None
+    after: int | None = None
+    if memo is not None and not deletes and all(p.mode in _NEW_NAME_MODES for p in puts):
+        with _transaction(conn, immediate=True):
+            result, after = _write_new(memo, partition, puts)
+    if result is None:  # not only new names, or one of them exists: check everything
+        with _transaction(conn, immediate=True):
+            result, after = _write_checked(conn, partition, puts, deletes)
+    if memo is not None and result.conflict is None:
+        memo.wrote(partition.key, after, bool(deletes))
+    return result
 
-        # Append no-ops keep the stored record (and its seq); the rest are
-        # applied, with seqs counting up from ``base``, in one pass.
-        kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
-        skipped = set(noops)
-        seqs: dict[int, int] = {}
-        rows: list[tuple[Any, ...]] = []
-        tag_rows: list[tuple[Any, ...]] = []
-        retagged: list[str] = []
-        seq = base
-        for i, put in enumerate(puts):
-            if i in skipped:
-                continue
-            seq += 1
-            seqs[i] = seq
-            name, tags = put.name, put.tags
-            rows.append((pkey, name, seq, put.etag, put.digest, _tags_json(tags), put.value))
-            tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
-            # Only records that existed can have tag rows to replace (a delete
-            # removes them), so new names (blobs, checkpoints) skip the DELETE.
-            if name in existing:
-                retagged.append(name)
-        if rows:
-            conn.executemany(
-                "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pkey, name) DO UPDATE SET "
-                "seq = excluded.seq, etag = excluded.etag, digest = excluded.digest, "
-                "tags = excluded.tags, value = excluded.value",
-                rows,
+
+def _write_new(
+    conn: _Connection, partition: Partition, puts: Sequence[Put]
+) -> tuple[WriteResult | None, int | None]:
+    """Write puts that must find their names absent, without reading first when the memo allows.
+
+    With the partition's base remembered (:meth:`_Connection.known_base`),
+    the seqs need no query and the partition has its ``partitions`` row; the
+    insert skips names that exist, and if it skipped any, the transaction is
+    rolled back and ``(None, None)`` returned: the checked path then decides
+    (an append no-op or a conflict), in a transaction of its own. Without a
+    remembered base, the checked path runs in this transaction.
+    """
+    pkey = partition.key
+    base = conn.known_base(pkey)
+    if base is None:
+        return _write_checked(conn, partition, puts, ())
+    seqs, rows, tag_rows = _rows(pkey, puts, base)
+    if conn.executemany(_INSERT_NEW, rows).rowcount != len(rows):
+        conn.execute("ROLLBACK")
+        return None, None
+    if tag_rows:
+        conn.executemany(_INSERT_TAGS, tag_rows)
+    return WriteResult(records=_applied(puts, seqs, {})), base + len(rows)
+
+
+def _write_checked(
+    conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
+) -> tuple[WriteResult, int | None]:
+    """Any batch: read what it touches, check the conditions, apply or roll back.
+
+    Returns the result and the partition's base after it (``None`` when the
+    partition has no ``partitions`` row afterwards, or the batch was refused).
+    """
+    pkey = partition.key
+    names = [p.name for p in puts] + [d.name for d in deletes]
+    existing, base, has_partition = _prelude(conn, pkey, names)
+    conflict, noops = evaluate(puts, deletes, existing)
+    if conflict is not None:
+        stored = None
+        if conflict.existing is not None:
+            stored = _fetch(conn, pkey, [conflict.name], values=True)[conflict.name]
+        conn.execute("ROLLBACK")
+        return WriteResult(records=[], conflict=Conflict(conflict.index, conflict.name, stored)), None
+
+    # Append no-ops keep the stored record (and its seq); the rest are applied.
+    kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
+    seqs, rows, tag_rows = _rows(pkey, puts, base, set(noops))
+    if rows:
+        conn.executemany(_INSERT_OR_REPLACE, rows)
+        if not has_partition:
+            conn.execute(
+                "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
+                (pkey, partition.user_key, _blob(partition.name)),
             )
-            if not has_partition:
-                conn.execute(
-                    "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
-                    (pkey, partition.user_key, _blob(partition.name)),
-                )
-        retagged += [d.name for d in deletes]
-        if retagged:
-            conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
-        if tag_rows:
-            conn.executemany("INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)", tag_rows)
-        if deletes:
-            gone = [existing[d.name].seq for d in deletes if d.name in existing]
-            if gone:
-                _retire_seqs(conn, max(gone))
-            conn.executemany(
-                "DELETE FROM records WHERE pkey = ? AND name = ?", [(pkey, d.name) for d in deletes]
-            )
-            if conn.execute("SELECT 1 FROM records WHERE pkey = ? LIMIT 1", (pkey,)).fetchone() is None:
-                conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
-        out = [
-            Record(p.name, p.value, dict(p.tags), p.etag, p.digest, seqs[i]) if i in seqs else kept[p.name]
-            for i, p in enumerate(puts)
-        ]
-    return WriteResult(records=out)
+            has_partition = True
+    # Only records that existed can have tag rows to replace (a delete
+    # removes them), so new names (blobs, checkpoints) skip the DELETE.
+    retagged = [puts[i].name for i in seqs if puts[i].name in existing] + [d.name for d in deletes]
+    if retagged:
+        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
+    if tag_rows:
+        conn.executemany(_INSERT_TAGS, tag_rows)
+    if deletes:
+        gone = [existing[d.name].seq for d in deletes if d.name in existing]
+        if gone:
+            _retire_seqs(conn, max(gone))
+        conn.executemany(
+            "DELETE FROM records WHERE pkey = ? AND name = ?", [(pkey, d.name) for d in deletes]
+        )
+        if conn.execute("SELECT 1 FROM records WHERE pkey = ? LIMIT 1", (pkey,)).fetchone() is None:
+            conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
+            has_partition = False
+    after = base + len(rows) if has_partition else None
+    return WriteResult(records=_applied(puts, seqs, kept)), after
 
 
 def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
@@ -677,6 +786,8 @@ def _drop(conn: sqlite3.Connection, pkey: str) -> int:
         count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
         conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
         conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
+    if isinstance(conn, _Connection):
+        conn.wrote(pkey, None, everywhere=True)  # the shared seq_counter may have risen
     return count
 
 
@@ -823,7 +934,11 @@ class SqliteBackend(Backend):
         at a time, and ``close()`` may run on another thread.
         """
         conn = sqlite3.connect(
-            self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+            self.path,
+            timeout=self.timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=_Connection,
         )
         try:
             conn.execute(f"PRAGMA synchronous={self.synchronous}")

@@ -1,0 +1,112 @@
+"""The SQLite writer's memo of partition seqs (no read before appending new names).
+
+A writer connection remembers, per partition it wrote, the seq to count up
+from, and trusts it only while ``PRAGMA data_version`` says no other
+connection has committed since. These checks put a second backend (its own
+writer connection, as another process would have) between the first one's
+writes, and check that every rule of a write still holds: seqs above all
+earlier ones, append no-ops and conflicts, atomic refusal, the partition row.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from checkpointers._flows import make_put
+from checkpointers._names import Partition
+from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.sqlite import SqliteBackend
+
+P = Partition("alice", "langgraph", "t1")
+Q = Partition("alice", "langgraph", "t2")
+
+
+def _append(backend: SqliteBackend, p: Partition, name: str, value: bytes = b"v") -> int:
+    """Append one record; return its seq."""
+    result = backend.write(p, [make_put(name, value, mode=Mode.APPEND)])
+    assert result.conflict is None
+    return result.records[0].seq
+
+
+def _seqs(backend: SqliteBackend, p: Partition) -> dict[str, int]:
+    return {r.name: r.seq for r in backend.list(p, ListQuery(values=False))}
+
+
+@pytest.fixture
+def pair(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "memo.db"
+    a, b = SqliteBackend(path), SqliteBackend(path)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_appends_count_up_from_memo_and_from_other_writers(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    seen = [_append(a, P, f"a{i}") for i in range(3)]  # a's memo is warm from here on
+    seen.append(_append(b, P, "b0"))  # another connection writes: a's memo is stale
+    seen += [_append(a, P, f"a{i}") for i in range(3, 6)]
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert _seqs(a, P) == _seqs(b, P)
+
+
+def test_append_of_an_existing_name_is_a_noop_or_a_conflict_with_a_warm_memo(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    first = _append(a, P, "x", b"one")
+    _append(a, P, "y")
+    # the same bytes again: a no-op that returns the stored record and seq
+    again = a.write(P, [make_put("x", b"one", mode=Mode.APPEND)])
+    assert again.conflict is None and again.records[0].seq == first
+    # other bytes, batched with a new name: refused as a whole, nothing written
+    refused = a.write(P, [make_put("z", b"new", mode=Mode.APPEND), make_put("x", b"two", mode=Mode.APPEND)])
+    assert refused.conflict is not None and refused.conflict.index == 1
+    assert "z" not in _seqs(b, P)
+    # a name another connection wrote meanwhile is found too
+    _append(b, P, "w", b"theirs")
+    clash = a.write(P, [make_put("w", b"ours", mode=Mode.APPEND)])
+    assert clash.conflict is not None and clash.conflict.existing is not None
+    after = _append(a, P, "v")
+    assert after > max(_seqs(b, P)[n] for n in ("x", "y", "w"))
+
+
+def test_drop_by_another_writer_re_registers_the_partition(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    top = max(_append(a, P, f"a{i}") for i in range(3))
+    assert b.drop(P) == 3
+    assert a.partitions("alice", "langgraph") == []
+    seq = _append(a, P, "again")
+    assert seq > top  # seqs of dropped records are never handed out again
+    assert a.partitions("alice", "langgraph") == ["t1"]
+    assert b.partitions("alice", "langgraph") == ["t1"]
+
+
+def test_own_drop_and_deletes_forget_the_memo(pair) -> None:  # type: ignore[no-untyped-def]
+    a, _ = pair
+    _append(a, P, "p0")
+    q_top = max(_append(a, Q, f"q{i}") for i in range(5))
+    a.write(Q, [], [Delete(f"q{i}") for i in range(5)])  # raises seq_counter to q_top
+    assert _append(a, P, "p1") > q_top
+    assert a.drop(P) == 2
+    assert _append(a, P, "p2") > q_top
+    assert a.partitions("alice", "langgraph") == ["t1"]
+
+
+def test_delete_by_another_writer_raises_seqs_everywhere(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    _append(a, P, "p0")
+    q_top = max(_append(b, Q, f"q{i}") for i in range(5))
+    b.write(Q, [], [Delete(f"q{i}") for i in range(5)])
+    assert _append(a, P, "p1") > q_top
+
+
+def test_file_written_by_a_plain_connection_meanwhile(tmp_path: Path) -> None:
+    """Any other connection counts, not only this library's (sqlite3 CLI, a migration...)."""
+    path = tmp_path / "plain.db"
+    with SqliteBackend(path) as a:
+        _append(a, P, "p0")
+        with sqlite3.connect(path) as plain:
+            plain.execute("UPDATE seq_counter SET seq = 1000 WHERE id = 0")
+        assert _append(a, P, "p1") > 1000

@@ -704,6 +704,21 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
     return Record(name, value or b"", parsed, etag.decode(), digest.decode(), int(seq))
 
 
+def _written(put: Put, meta: bytes) -> Record:
+    """The record a successful batch returns for ``put`` (``meta`` as the script returned it).
+
+    A record carrying the put's etag holds exactly the put's fields (etags are
+    unique per write), so only its seq is parsed; an append that found the
+    same digest stored keeps what was there, parsed in full.
+    """
+    seq, etag, _ = meta.split(b"\n", 2)
+    if etag == put.etag.encode():
+        return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, int(seq))
+    return _record(put.name, meta, put.value)
+
+
+#: Tags as stored in the metadata (one encoder, not one built per ``json.dumps`` call).
+_tags_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True).encode
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
 _PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.:")
 _OUR_URL_OPTIONS = ("prefix", "ttl", "cluster")
@@ -722,9 +737,7 @@ def _write_args(
     for put in puts:
         if "\n" in put.etag or "\n" in put.digest:
             raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
-        tags = "{}" if not put.tags else json.dumps(
-            dict(put.tags), ensure_ascii=True, separators=(",", ":"), sort_keys=True
-        )
+        tags = "{}" if not put.tags else _tags_json(dict(put.tags))
         staged = ahead and _sent_ahead(put)
         args += [
             put.name,
@@ -1319,7 +1332,7 @@ class RedisBackend(Backend):
             existing = None if meta is None else _record(names[index], meta, value)
             return WriteResult(records=[], conflict=Conflict(index, names[index], existing))
         was_empty, now_empty, metas = out[1], out[2], out[3:]
-        records = [_record(put.name, meta, put.value) for put, meta in zip(puts, metas)]
+        records = [_written(put, meta) for put, meta in zip(puts, metas)]
         if now_empty:
             yield from self._unregister_op(partition)
         elif was_empty:

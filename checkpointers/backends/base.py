@@ -39,9 +39,10 @@ Guarantees a backend must give (the conformance suite checks them):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,6 +212,24 @@ class ListQuery:
     def sort_key(self, record: Record) -> str | int:
         """The ordering field of ``record`` under this query."""
         return record.name if self.order == "name" else record.seq
+
+
+def with_children(query: ListQuery, picked: Sequence[Record], pool: Iterable[Record]) -> list[Record]:
+    """``picked`` with, when ``query.children``, each record's children from ``pool`` right after it.
+
+    For a backend that has read every record under the query's prefix anyway
+    (``pool``; every child of a pick is under the prefix): the children in
+    ascending name order, as :class:`ListQuery` specifies.
+    """
+    if not query.children:
+        return list(picked)
+    pool = sorted(pool, key=lambda r: r.name)
+    names = [r.name for r in pool]
+    out: list[Record] = []
+    for rec in picked:
+        out.append(rec)
+        out.extend(pool[bisect.bisect_left(names, rec.name + "/") : bisect.bisect_left(names, rec.name + "0")])
+    return out
 
 
 def check_batch(puts: Sequence[Put], deletes: Sequence[Delete]) -> None:

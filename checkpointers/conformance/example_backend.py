@@ -20,7 +20,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .._names import Partition
-from ..backends.base import Backend, Delete, ListQuery, Put, Record, WriteResult, check_batch, evaluate
+from ..backends.base import (
+    Backend,
+    Delete,
+    ListQuery,
+    Put,
+    Record,
+    WriteResult,
+    check_batch,
+    evaluate,
+    with_children,
+)
 
 __all__ = ["ExampleBackend"]
 
@@ -104,9 +114,11 @@ class ExampleBackend(Backend):
                 f"SELECT {COLUMNS} FROM records WHERE pkey = ? AND substr(name, 1, ?) = ?",
                 (partition.key, len(query.prefix), query.prefix),
             ).fetchall()
+        records = [_record(row) for row in rows]
         found = sorted(
-            (r for r in map(_record, rows) if query.matches(r)), key=query.sort_key, reverse=query.descending
+            (r for r in records if query.matches(r)), key=query.sort_key, reverse=query.descending
         )[: query.limit]
+        found = with_children(query, found, records)  # each pick's "<name>/..." records after it
         return found if query.values else [replace(r, value=b"") for r in found]
 
     def partitions(self, user: str, space: str) -> list[str]:

@@ -379,12 +379,18 @@ def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
     assert all(r.value == b"" for r in got)
     assert len(fetched) == 3, fetched
 
-    # A checkpoint with 50 writes records is still one LIST (the first page's size).
-    newest = ["c/x/00200", *(f"c/x/00200/t/{i}" for i in range(50))]
+    # Up to 7 writes records: still one LIST (the first page holds 8 keys);
+    # 50 cost one more page, and never a GET of an older checkpoint's records.
+    newest = ["c/x/00200", *(f"c/x/00200/t/{i}" for i in range(7))]
     s3.write(p, [make_put(n, b"w", mode=Mode.APPEND, staged=True) for n in newest])
     got, cost = _cost(s3, lambda: s3.list(p, latest))
-    assert len(got) == 51 and got[0].name == "c/x/00200"
-    assert cost == {"ListObjectsV2": 1, "GetObject": 51}
+    assert [r.name for r in got] == sorted(newest)
+    assert cost == {"ListObjectsV2": 1, "GetObject": 8}
+    more = ["c/x/00201", *(f"c/x/00201/t/{i}" for i in range(50))]
+    s3.write(p, [make_put(n, b"w", mode=Mode.APPEND, staged=True) for n in more])
+    got, cost = _cost(s3, lambda: s3.list(p, latest))
+    assert [r.name for r in got] == sorted(more)
+    assert cost == {"ListObjectsV2": 2, "GetObject": 51}
 
 
 def test_append_batch_costs_no_reads(s3: S3Backend) -> None:

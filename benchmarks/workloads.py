@@ -725,8 +725,13 @@ def workload_history(ctx: Context) -> Table:
             continue
         m = {k: median([r[k] for r in results[entry]]) for k in results[entry][0]}
         g_ratio, l_ratio = ratio(m["get_big"], m["get_small"]), ratio(m["list_big"], m["list_small"])
-        target = verdict(None if g_ratio is None else g_ratio <= 1.5, "≤1.5x") if entry.ours else ""
         req = requests.get(entry, {})
+        if not entry.ours:
+            target = ""
+        elif entry.family == "s3":  # issue 4 counts requests; moto's LIST time grows with the bucket
+            target = verdict(req["get_small"] == req["get_big"] if req else None, "same requests")
+        else:
+            target = verdict(None if g_ratio is None else g_ratio <= 1.5, "≤1.5x")
         table.rows.append([
             entry.label(mode), mode, fmt_time(m["get_small"]), fmt_time(m["get_big"]),
             fmt_ratio(g_ratio), target, fmt_time(m["list_small"]), fmt_time(m["list_big"]),

@@ -21,7 +21,11 @@ Durability and concurrency
   the batch's conditions are checked with :func:`~.base.evaluate` against rows
   read inside that transaction, then applied; a refused batch is rolled back.
   ``BEGIN IMMEDIATE`` takes the file's write lock up front, so two processes
-  can never both pass a check and then both write.
+  can never both pass a check and then both write. A batch of puts that must
+  find their names absent (appends, creates) is first tried without the read,
+  as an insert that skips existing names, while the writer connection's memo
+  of the partition's seq is current (see :class:`_Connection`); if it skipped
+  a name, that transaction is rolled back and the checked one runs.
 * ``seq``: a write counts up from the partition's highest seq or
   ``seq_counter`` (raised by deletes to the highest seq they remove),
   whichever is higher, so within a partition it is strictly increasing, also

@@ -49,6 +49,13 @@ standalone server). :attr:`RedisBackend.round_trips` counts every pipeline
 or command sent (a cluster pipeline that talks to several nodes at once
 counts as one).
 
+On a standalone server a round trip is one ``sendall`` of the whole call
+(packed by hiredis when it is installed) on a connection the backend keeps
+between calls, out of the client's pool: the pool's hand-out and return cost
+more client time than packing and parsing a small write. The pool's own
+check runs on each reuse (a connection with something to read, e.g. closed
+by the server, is reconnected); :meth:`RedisBackend.close` gives them back.
+
 ``ListQuery.depth`` is a filter like the tags, checked on each candidate's
 name before its metadata is read. A walk in name order whose chunk ends
 inside the subtree of a name at the wanted depth jumps over the rest of that

@@ -39,8 +39,9 @@ Operations and round trips
 
 ``get`` is one ``HMGET``; ``list`` is one Lua script; ``write`` is one
 pipeline (registry ``HSET`` + the batch script), plus one ``HSET`` when it
-is the partition's first write and two or three registry commands when it
-leaves the partition empty; ``drop`` is one script plus those registry
+is the partition's first write (on a standalone server, usually inside the
+same pipeline: see the user registry) and two or three registry commands
+when it leaves the partition empty; ``drop`` is one script plus those registry
 commands. ``many`` drives independent operations together: each round trip
 carries the next step of every one of them in one pipeline, so a batch of
 reads costs one. The first use of a script on a server costs one more
@@ -101,7 +102,14 @@ inside the batch script. It is kept right with idempotent commands instead:
   right after;
 * a write that turns an empty partition non-empty (the script reports it)
   sends ``HSET`` again after the script: that repairs a registration removed
-  by a concurrent ``drop``/emptying that ran between the two;
+  by a concurrent ``drop``/emptying that ran between the two. On a
+  standalone server, a write to a partition this backend has not yet seen
+  holding records (a small bounded set of partition keys; likely a new one)
+  appends that ``HSET`` to its own pipeline, after the script, where the
+  server runs it after the script just the same, so filling a new partition
+  costs no second round trip; on a Cluster the pipeline's commands for the
+  other node are not ordered after the script, so there it is a round trip
+  of its own;
 * whoever empties a partition (a ``drop``, a batch deleting the last record,
   or ``partitions`` finding an expired one) sends ``HDEL`` and *then* checks
   whether the partition holds records again, re-registering it if so.
@@ -191,6 +199,8 @@ __all__ = ["DRIVER_ERRORS", "RedisBackend", "TRANSIENT_ERRORS", "is_transient", 
 #: How many ``/``-terminated ancestors of a name get their own seq index.
 ANCESTOR_DEPTH = 2
 _SEQ_DIGITS = 16
+#: How many partitions a backend remembers having filled (then it starts over).
+_FILLED_MAX = 10_000
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
 
 #: Driver errors worth retrying: the next attempt may well succeed.
@@ -970,6 +980,8 @@ class RedisBackend(Backend):
         #: The same for the async clients, per pool (each belongs to one event loop;
         #: closing one of our clients closes its connections, in use or not).
         self._aidle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        #: Partition keys this backend saw holding records (see _write_op).
+        self._filled: dict[str, None] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -1316,15 +1328,21 @@ class RedisBackend(Backend):
         if ahead and self._ttl_ms:
             # only matters if the script never runs: a new hash must not live forever
             ahead.append(("PEXPIRE", keys[0], self._ttl_ms, "NX"))
+        # A partition this backend has not seen filled may well be new: on a
+        # standalone server the registration that must follow the script (see
+        # the module docstring) rides in the same pipeline, after it, instead
+        # of costing its own round trip when the script reports was_empty.
+        after = not self.cluster and partition.key not in self._filled
+        tail = [("HSET", registry, partition.key, raw_name)] if after else []
         args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
-        reply = yield _Call([*commands, *ahead, _Eval(WRITE_SCRIPT, keys, args)])
-        out = reply.values[-1]
+        reply = yield _Call([*commands, *ahead, _Eval(WRITE_SCRIPT, keys, args), *tail])
+        out = reply.values[-1 - len(tail)]  # the script's reply
         if out[0] == 2:
             # A concurrent delete removed a staged value between our HSETNX and
             # the script, which then applied nothing: send the values inline.
             args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
-            reply = yield _Call([*commands, _Eval(WRITE_SCRIPT, keys, args)])
-            out = reply.values[-1]
+            reply = yield _Call([*commands, _Eval(WRITE_SCRIPT, keys, args), *tail])
+            out = reply.values[-1 - len(tail)]
         if out[0] == 0:
             index, meta, value, now_empty = int(out[1]), out[2], out[3], out[4]
             names = [p.name for p in puts] + [d.name for d in deletes]
@@ -1333,18 +1351,29 @@ class RedisBackend(Backend):
                 # reply was lost: then the stored records carry our etags.
                 stored = yield from self._get_op(partition, names)
                 if _applied_before(puts, deletes, stored):
+                    self._seen_filled(partition)
                     return WriteResult(records=[r for r in stored[: len(puts)] if r is not None])
             if now_empty:
+                self._filled.pop(partition.key, None)
                 yield from self._unregister_op(partition)
             existing = None if meta is None else _record(names[index], meta, value)
             return WriteResult(records=[], conflict=Conflict(index, names[index], existing))
         was_empty, now_empty, metas = out[1], out[2], out[3:]
         records = [_written(put, meta) for put, meta in zip(puts, metas)]
         if now_empty:
+            self._filled.pop(partition.key, None)
             yield from self._unregister_op(partition)
-        elif was_empty:
+            return WriteResult(records=records)
+        if was_empty and not after:
             yield _Call([("HSET", registry, partition.key, raw_name)])
+        self._seen_filled(partition)
         return WriteResult(records=records)
+
+    def _seen_filled(self, partition: Partition) -> None:
+        """Remember that ``partition`` holds records (a bounded set: a guess, never relied on)."""
+        if len(self._filled) >= _FILLED_MAX:
+            self._filled.clear()
+        self._filled[partition.key] = None
 
     def _unregister_op(self, partition: Partition) -> _Op:
         """Remove ``partition`` from its user's registry, unless it refilled meanwhile."""

@@ -110,3 +110,27 @@ def test_file_written_by_a_plain_connection_meanwhile(tmp_path: Path) -> None:
         with sqlite3.connect(path) as plain:
             plain.execute("UPDATE seq_counter SET seq = 1000 WHERE id = 0")
         assert _append(a, P, "p1") > 1000
+
+
+def test_single_untagged_appends_mixed_with_tagged_batches(pair) -> None:  # type: ignore[no-untyped-def]
+    """Appends of one record and of a tagged record, from two writers, interleaved."""
+    a, b = pair
+    assert _append(a, P, "w0") == 1  # no partitions row yet: the checked path registers it
+    assert a.partitions("alice", "langgraph") == ["t1"]
+    seqs = [_append(a, P, "w1")]
+    tagged = a.write(P, [make_put("c1", b"c", tags={"m.step": "1"}, mode=Mode.APPEND)])  # memo path
+    seqs.append(tagged.records[0].seq)
+    seqs.append(_append(b, P, "w2"))  # the other writer
+    seqs.append(_append(a, P, "w3"))
+    seqs.append(a.write(P, [make_put("c2", b"c", tags={"m.step": "2"}, mode=Mode.APPEND)]).records[0].seq)
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] == 2
+    assert a.list(P, ListQuery(tags={"m.step": "2"}))[0].name == "c2"
+    # the same bytes again: a no-op keeping its seq; other bytes: a conflict
+    noop = a.write(P, [make_put("w1", b"v", mode=Mode.APPEND)])
+    assert noop.conflict is None and noop.records[0].seq == seqs[0]
+    assert a.write(P, [make_put("w1", b"other", mode=Mode.APPEND)]).conflict is not None
+    # seqs of deleted records (seq_counter) are never handed out again
+    top = _append(a, Q, "q0")
+    a.write(Q, [], [Delete("q0")])
+    b.write(Q, [], [Delete("nothing")])
+    assert _append(b, P, "w4") > max(top, *seqs)

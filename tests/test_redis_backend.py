@@ -248,37 +248,59 @@ def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend
 
 def test_connections_are_kept_checked_and_handed_back(redis_url: str) -> None:
     """Round trips reuse the backend's idle connections (sync and async); one the
-    server closed meanwhile is reconnected without a retry; close() gives them back."""
-    client = redis.Redis.from_url(redis_url)
-    aclient = redis.asyncio.Redis.from_url(redis_url)
+    server closed meanwhile is reconnected without a retry; close() gives them back.
+    Clients passed in get every connection back after each call instead."""
     prefix = f"conn{uuid.uuid4().hex[:8]}"
-    b = RedisBackend(client, aclient=aclient, prefix=prefix)
+    b = RedisBackend.from_url(redis_url, prefix=prefix)
     p = Partition("conn", "items", "s")
     try:
         b.write(p, [make_put("a", b"1")])
-        (pool, conn), = b._idle
-        assert conn in client.connection_pool._in_use_connections
+        pool = b._sync_client().connection_pool
+        ((owner, conn),) = b._idle
+        assert owner is pool and conn in pool._in_use_connections
         for _ in range(3):
             assert b.get(p, ["a"])[0] is not None
         assert b._idle == [(pool, conn)]  # the same connection every time
-        client.client_kill_filter(_id=conn_id(conn))  # as a server timeout would
+        killer = redis.Redis.from_url(redis_url)
+        killer.client_kill_filter(_id=conn_id(conn))  # as a server timeout would
+        killer.close()
         assert b.get(p, ["a"])[0] is not None and b.retries == 0
         b.close()
-        assert b._idle == [] and not client.connection_pool._in_use_connections
+        assert b._idle == [] and not pool._in_use_connections
 
         async def async_calls() -> None:
             for _ in range(3):
                 assert (await b.aget(p, ["a"]))[0] is not None
-            (aconn,) = b._aidle[aclient.connection_pool]
-            assert aconn in aclient.connection_pool._in_use_connections
+            ((apool, idle),) = b._aidle.items()
+            assert len(idle) == 1 and idle[0] in apool._in_use_connections
             await b.aclose()
-            assert not aclient.connection_pool._in_use_connections
-            await aclient.aclose()
 
         asyncio.run(async_calls())
     finally:
         b.close()
+
+    client = redis.Redis.from_url(redis_url)
+    aclient = redis.asyncio.Redis.from_url(redis_url)
+    theirs = RedisBackend(client, aclient=aclient, prefix=prefix)
+    try:
+        assert theirs.get(p, ["a"])[0] is not None
+        assert theirs._idle == [] and not client.connection_pool._in_use_connections
+
+        async def async_theirs() -> None:
+            assert (await theirs.aget(p, ["a"]))[0] is not None
+            assert not aclient.connection_pool._in_use_connections
+            await aclient.aclose()
+
+        asyncio.run(async_theirs())
+    finally:
+        theirs.close()
         client.close()
+
+
+def conn_id(conn: object) -> int:
+    """The server's id of a redis-py connection."""
+    conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]
+    return int(conn.read_response())  # type: ignore[attr-defined]
 
 
 def test_one_buffer_packs_like_redis_py(redis_url: str) -> None:
@@ -296,12 +318,6 @@ def test_one_buffer_packs_like_redis_py(redis_url: str) -> None:
     finally:
         client.connection_pool.release(conn)
         client.close()
-
-
-def conn_id(conn: object) -> int:
-    """The server's id of a redis-py connection."""
-    conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]
-    return int(conn.read_response())  # type: ignore[attr-defined]
 
 
 # -- list strategies against the reference ------------------------------------

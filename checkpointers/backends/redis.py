@@ -56,6 +56,7 @@ between calls, out of the client's pool: the pool's hand-out and return cost
 more client time than packing and parsing a small write. The pool's own
 check runs on each reuse (a connection with something to read, e.g. closed
 by the server, is reconnected); :meth:`RedisBackend.close` gives them back.
+A client passed in gets each connection back after every round trip.
 
 ``ListQuery.depth`` is a filter like the tags, checked on each candidate's
 name before its metadata is read. A walk in name order whose chunk ends
@@ -976,9 +977,9 @@ class RedisBackend(Backend):
         self._lock = threading.Lock()
         #: Idle sync connections held out of their pool: (pool, connection).
         self._idle: list[tuple[Any, Any]] = []
-        weakref.finalize(self, _release_idle, self._idle)  # a user's pool gets them back
-        #: The same for the async clients, per pool (each belongs to one event loop;
-        #: closing one of our clients closes its connections, in use or not).
+        weakref.finalize(self, _release_idle, self._idle)  # never closed: back to the pool
+        #: The same for the async clients we create, per pool (each belongs to one
+        #: event loop; closing one of them closes its connections, in use or not).
         self._aidle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
         #: Partition keys this backend saw holding records (see _write_op).
         self._filled: dict[str, None] = {}
@@ -1080,10 +1081,6 @@ class RedisBackend(Backend):
     async def aclose(self) -> None:
         """Close the clients this backend created, the current loop's async one included."""
         self.close()
-        if self._aclient is not None:  # the user's client: its pool gets our connections back
-            pool = self._aclient.connection_pool
-            for conn in self._aidle.pop(pool, []):
-                await pool.release(conn)
         entry = self._aclients.pop(asyncio.get_running_loop(), None)
         if entry is not None:
             await entry[1].aclose()
@@ -1137,8 +1134,12 @@ class RedisBackend(Backend):
         and events per round trip, several times the rest of the client's
         work for a small write. What the pool checks before handing out a
         connection is done here too: same process, nothing unread, else
-        reconnect. :meth:`close` hands them back.
+        reconnect. :meth:`close` hands them back. Only for a client the
+        backend created: a client passed in may share a bounded pool with
+        the rest of the application, which must not find it drained.
         """
+        if not self._owns_client:
+            return pool.get_connection()
         pid = os.getpid()
         while True:
             try:
@@ -1160,7 +1161,10 @@ class RedisBackend(Backend):
             return conn
 
     def _give_back(self, pool: Any, conn: Any) -> None:
-        self._idle.append((pool, conn))
+        if self._owns_client:
+            self._idle.append((pool, conn))
+        else:
+            pool.release(conn)
 
     def _direct(self, client: Any, call: _Call, use_sha: bool) -> list[Any]:
         """Send ``call`` as one packed write on a connection of ours and read every reply.
@@ -1195,7 +1199,9 @@ class RedisBackend(Backend):
         wire = self._wire(call, use_sha)
         pool = client.connection_pool
         self.round_trips += 1
-        idle = self._aidle.get(pool)
+        # kept only for the clients we create (see _take); a user's pool gets
+        # each connection back after the call
+        idle = [] if client is self._aclient else self._aidle.get(pool)
         if idle is None:
             idle = self._aidle.setdefault(pool, [])
         try:
@@ -1221,7 +1227,10 @@ class RedisBackend(Backend):
             await conn.disconnect()
             await pool.release(conn)
             raise
-        idle.append(conn)
+        if client is self._aclient:
+            await pool.release(conn)
+        else:
+            idle.append(conn)
         return replies
 
     def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:

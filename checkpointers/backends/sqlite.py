@@ -511,8 +511,9 @@ class _Connection(sqlite3.Connection):
     partition that has its ``partitions`` row. It is set from this
     connection's own committed writes, and trusted only while ``PRAGMA
     data_version`` (read inside the write transaction) is the value this
-    connection saw before: that value changes exactly when *another*
-    connection, of this process or any other, has committed since. So a write
+    connection saw before: SQLite changes that value whenever *another*
+    connection, of this process or any other, has committed since (a change
+    for any other reason only empties the memo). So a write
     or drop by anyone else, a delete raising ``seq_counter`` included, empties
     the memo before it is used; this connection's own writes update it
     (:meth:`wrote`). Only the writer connection of a backend writes, so the

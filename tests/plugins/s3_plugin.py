@@ -57,7 +57,7 @@ def _aws_env() -> Iterator[None]:
                 os.environ[k] = v
 
 
-_MOTO_WRITE_LOCK = threading.Lock()
+_MOTO_WRITE_LOCK = threading.RLock()  # re-entered: _key_response calls the handlers
 
 
 def _make_moto_conditional_writes_atomic() -> None:
@@ -68,12 +68,15 @@ def _make_moto_conditional_writes_atomic() -> None:
     S3 lets exactly one win). And a GET copies the object's bytes out of a
     buffer that a concurrent DELETE or overwrite closes, so it can fail with
     ``ValueError: I/O operation on closed file`` (real S3 returns the old
-    object or 404). Both moto forms run in this process, so one lock around
-    the handlers gives them S3's semantics. Idempotent.
+    object or 404). And the key dispatcher (``_key_response``) looks the key
+    up with a membership test, then an index, so a concurrent DELETE between
+    the two raises ``KeyError`` (seen once in a full run, four concurrent
+    conditional deletes). Both moto forms run in this process, so one lock
+    around the dispatcher and the handlers gives them S3's semantics. Idempotent.
     """
     from moto.s3.responses import S3Response
 
-    for name in ("get_object", "head_object", "put_object", "delete_object"):
+    for name in ("_key_response", "get_object", "head_object", "put_object", "delete_object"):
         method = getattr(S3Response, name)
         if getattr(method, "_atomic", False):
             continue

@@ -759,6 +759,7 @@ class SaverFlows:
     def copy_flow(self, src: Partition, dst: Partition) -> Flow[int]:
         """Copy every record of ``src`` into ``dst`` in one batch (blobs first)."""
         recs = yield ListOp(src, ListQuery())
+
         def rank(name: str) -> int:  # blobs, then writes, then the checkpoints that show them
             return 0 if name.startswith(_BLOB) else 1 if _is_writes(name) else 2
 

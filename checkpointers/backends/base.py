@@ -214,6 +214,14 @@ class ListQuery:
         return record.name if self.order == "name" else record.seq
 
 
+def children_range(name: str) -> tuple[str, str]:
+    """The half-open name range ``[lo, hi)`` holding exactly the children of ``name``.
+
+    ``name + "/"`` up to ``name + "0"``: ``"0"`` is the character after ``/``.
+    """
+    return name + "/", name + "0"
+
+
 def with_children(query: ListQuery, picked: Sequence[Record], pool: Iterable[Record]) -> list[Record]:
     """``picked`` with, when ``query.children``, each record's children from ``pool`` right after it.
 
@@ -228,7 +236,8 @@ def with_children(query: ListQuery, picked: Sequence[Record], pool: Iterable[Rec
     out: list[Record] = []
     for rec in picked:
         out.append(rec)
-        out.extend(pool[bisect.bisect_left(names, rec.name + "/") : bisect.bisect_left(names, rec.name + "0")])
+        lo, hi = children_range(rec.name)
+        out.extend(pool[bisect.bisect_left(names, lo) : bisect.bisect_left(names, hi)])
     return out
 
 

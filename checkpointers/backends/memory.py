@@ -17,6 +17,7 @@ from .base import (
     Record,
     WriteResult,
     check_batch,
+    children_range,
     evaluate,
 )
 
@@ -51,8 +52,8 @@ class _Part:
 
     def children(self, name: str) -> list[Record]:
         """The records named ``<name>/...``, in name order."""
-        i = bisect.bisect_left(self.names, name + "/")
-        j = bisect.bisect_left(self.names, name + "0")  # "0" follows "/"
+        lo, hi = children_range(name)
+        i, j = bisect.bisect_left(self.names, lo), bisect.bisect_left(self.names, hi)
         return [self.records[n] for n in self.names[i:j]]
 
     def walk(self, query: ListQuery) -> Iterator[Record]:

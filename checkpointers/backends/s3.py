@@ -142,6 +142,7 @@ from .base import (
     Record,
     WriteResult,
     check_batch,
+    children_range,
     evaluate,
 )
 
@@ -1180,7 +1181,7 @@ class S3Backend(Backend):
         miss some, when ``stop`` falls inside the subtree. Otherwise, one LIST
         of the subtree's own prefix.
         """
-        lo, hi = parent + "/", parent + "0"  # "0" follows "/": [lo, hi) is exactly the subtree
+        lo, hi = children_range(parent)
         cut = q.order == "name" and isinstance(q.stop, str) and q.stop < hi
         if listed is not None and not cut:
             return listed[bisect_left(listed, lo) : bisect_left(listed, hi)]

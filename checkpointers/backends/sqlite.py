@@ -114,6 +114,7 @@ from .base import (
     Record,
     WriteResult,
     check_batch,
+    children_range,
     evaluate,
 )
 
@@ -773,8 +774,7 @@ def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]
     with _transaction(conn, immediate=False):
         for row in conn.execute(sql, params).fetchall():
             out.append(_record(row))
-            name = out[-1].name  # children: "<name>/..." and "0" is the character after "/"
-            out.extend(_record(child) for child in conn.execute(below, (pkey, name + "/", name + "0")))
+            out.extend(_record(child) for child in conn.execute(below, (pkey, *children_range(out[-1].name))))
     return out
 
 

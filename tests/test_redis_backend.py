@@ -31,6 +31,7 @@ from checkpointers.backends.memory import MemoryBackend
 from checkpointers.backends.redis import (
     DRIVER_ERRORS,
     RedisBackend,
+    _Call,
     is_transient,
     translate_errors,
 )
@@ -318,6 +319,72 @@ def test_one_buffer_packs_like_redis_py(redis_url: str) -> None:
     finally:
         client.connection_pool.release(conn)
         client.close()
+
+
+async def _async_workout(b: RedisBackend, p: Partition) -> list[object]:
+    """One of each kind of async round trip; the results as plain values."""
+    out: list[object] = []
+    written = await b.awrite(p, [make_put("a", b"1", tags={"k": "v"}), make_put("b/c", b"2" * 70_000)])
+    out.append([(r.name, r.value, dict(r.tags), r.seq) for r in written.records])
+    refused = await b.awrite(p, [make_put("a", b"other", mode=Mode.CREATE)])
+    assert refused.conflict is not None and refused.conflict.existing is not None
+    out.append((refused.conflict.index, refused.conflict.existing.value))
+    out.append([None if r is None else (r.name, r.value) for r in await b.aget(p, ["a", "zz", "b/c"])])
+    await b._aexecute(_Call([("SCRIPT", "FLUSH")]))  # the next script call gets NOSCRIPT
+    out.append([(r.name, r.seq) for r in await b.alist(p, ListQuery(prefix="b/", order="seq"))])
+    out.append(await b.apartitions(p.user, p.space))  # HGETALL: a reply with a callback
+    out.append(await b.adrop(p))
+    return out
+
+
+def test_async_replies_read_from_hiredis_like_redis_py(redis_backend: RedisBackend, monkeypatch) -> None:  # noqa: ANN001
+    """The async client reads replies itself (never through redis-py's
+    parse_response) and gets what redis-py's own path gets; without hiredis
+    it falls back to that path."""
+    import checkpointers.backends.redis as redis_module
+
+    def not_called(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parse_response was called")
+
+    b = redis_backend
+    with monkeypatch.context() as m:
+        m.setattr(redis.asyncio.Redis, "parse_response", not_called)
+        lean = asyncio.run(_async_workout(b, Partition("lean", "items", "s")))
+    with monkeypatch.context() as m:
+        m.setattr(redis_module, "_NOT_ENOUGH_DATA", None)  # as without hiredis
+        fallback = asyncio.run(_async_workout(b, Partition("lean", "items", "s")))
+    assert lean == fallback
+    assert lean[-2:] == [["s"], 2] and lean[1] == (0, b"1")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_server_that_stops_answering_times_out(redis_url: str, mode: str) -> None:
+    """``socket_timeout`` bounds a round trip on a connection already open
+    (the async one has one timeout for the whole round trip)."""
+    b = RedisBackend.from_url(redis_url, prefix=f"to{uuid.uuid4().hex[:8]}", retry_attempts=0, socket_timeout=0.3)
+    p = Partition("slow", "items", "s")
+    pauser = redis.Redis.from_url(redis_url)
+
+    async def async_get() -> object:
+        assert (await b.aget(p, ["a"]))[0] is not None  # the connection is open
+        pauser.execute_command("CLIENT", "PAUSE", 2000, "ALL")
+        return await b.aget(p, ["a"])
+
+    try:
+        b.write(p, [make_put("a", b"1")])  # the sync connection is open
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError) as info:
+            if mode == "sync":
+                pauser.execute_command("CLIENT", "PAUSE", 2000, "ALL")
+                b.get(p, ["a"])
+            else:
+                asyncio.run(async_get())
+        assert isinstance(info.value.__cause__, rex.TimeoutError)
+        assert time.monotonic() - started < 1.5  # it did not wait for the pause to end
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
+        b.close()
 
 
 # -- list strategies against the reference ------------------------------------

@@ -57,6 +57,10 @@ more client time than packing and parsing a small write. The pool's own
 check runs on each reuse (a connection with something to read, e.g. closed
 by the server, is reconnected); :meth:`RedisBackend.close` gives them back.
 A client passed in gets each connection back after every round trip.
+The async client's replies are read straight from the connection's hiredis
+reader, under one timeout per round trip (see ``_around_trip``); redis-py's
+per-reply path, which the sync client uses, is the fallback wherever hiredis
+is not there.
 
 ``ListQuery.depth`` is a filter like the tags, checked on each candidate's
 name before its metadata is read. A walk in name order whose chunk ends
@@ -151,9 +155,11 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -175,9 +181,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the Redis backend needs redis-py: pip install 'checkpointers[redis]'"
     ) from exc
 try:
+    from hiredis import Reader as _HiredisReader
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - depends on the environment
-    _hiredis_pack = None  # type: ignore[assignment]
+    _HiredisReader = _hiredis_pack = None  # type: ignore[assignment,misc]
+try:
+    from hiredis import PushNotification as _Push  # RESP3 push messages (hiredis >= 3.2)
+except ImportError:  # pragma: no cover - depends on the environment
+    _Push = None  # type: ignore[assignment,misc]
+try:
+    # what redis-py's hiredis readers return while a reply is incomplete
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+except ImportError:  # pragma: no cover - depends on the redis-py version
+    _NOT_ENOUGH_DATA = None
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _atimeout
+else:  # pragma: no cover - redis-py requires async-timeout before 3.11.3
+    from async_timeout import timeout as _atimeout
 
 from . import url_flag
 from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
@@ -869,6 +889,58 @@ def _pack(conn: Any, wire: list[tuple[Any, ...]]) -> list[bytes]:
     return packed if len(packed) == 1 else [b"".join(packed)]
 
 
+def _hiredis_parts(conn: Any) -> tuple[Any, Any] | None:
+    """``(parser, hiredis reader)`` of a connected redis-py connection whose
+    replies this module may read itself, else ``None``.
+
+    That is a connection parsing with hiredis, as ``redis[hiredis]`` gives.
+    Anything else (the pure-Python parser, a hiredis too old to mark RESP3
+    push messages, a redis-py whose internals moved) is read by redis-py.
+    """
+    parser = getattr(conn, "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    if (
+        _NOT_ENOUGH_DATA is None
+        or _HiredisReader is None
+        or not isinstance(reader, _HiredisReader)
+        or (_Push is None and getattr(conn, "protocol", None) not in (2, "2"))
+        or not hasattr(parser, "handle_push_response")
+    ):
+        return None
+    return parser, reader
+
+
+def _take_replies(reader: Any, replies: list[Any], want: int, pushes: list[Any]) -> bool:
+    """Move the complete replies buffered in ``reader`` to ``replies``; whether all ``want`` are there.
+
+    As redis-py's parsers do: an error reply is its exception, returned in
+    place, except a connection-level one (``LOADING`` and the like), raised;
+    a RESP3 push message is no reply: it goes to ``pushes``, for the parser's
+    push handler.
+    """
+    while len(replies) < want:
+        reply = reader.gets()
+        if reply is _NOT_ENOUGH_DATA:
+            return False
+        if isinstance(reply, rex.ConnectionError):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], rex.ConnectionError):
+            raise reply[0]
+        if _Push is not None and isinstance(reply, _Push):
+            pushes.append(reply)
+        else:
+            replies.append(reply)
+    return True
+
+
+def _callback(client: Any, command: Any, reply: Any) -> Any:
+    """``reply`` as ``client.parse_response`` returns it (the client's response callback applied)."""
+    if isinstance(reply, BaseException):
+        return reply
+    callback = client.response_callbacks.get(command)
+    return reply if callback is None else callback(reply)
+
+
 def _release_idle(idle: list[tuple[Any, Any]]) -> None:
     """Hand the idle connections of a backend back to their pools (this process's only)."""
     pid = os.getpid()
@@ -1216,13 +1288,22 @@ class RedisBackend(Backend):
             if stale:
                 await conn.disconnect()  # the send below reconnects
         try:
-            await conn.send_packed_command(_pack(conn, wire))
+            if not conn.is_connected:
+                await conn.connect()  # before reading the parser: it is set up on connect
+            parts = _hiredis_parts(conn)
             replies: list[Any] = []
-            for args in wire:
-                try:
-                    replies.append(await client.parse_response(conn, args[0]))
-                except rex.ResponseError as exc:
-                    replies.append(exc)
+            if parts is not None:
+                await self._around_trip(conn, *parts, _pack(conn, wire), replies, len(wire))
+                for i, args in enumerate(wire):
+                    reply = _callback(client, args[0], replies[i])
+                    replies[i] = await reply if inspect.isawaitable(reply) else reply
+            else:
+                await conn.send_packed_command(_pack(conn, wire))
+                for args in wire:
+                    try:
+                        replies.append(await client.parse_response(conn, args[0]))
+                    except rex.ResponseError as exc:
+                        replies.append(exc)
         except BaseException:
             await conn.disconnect()
             await pool.release(conn)
@@ -1232,6 +1313,39 @@ class RedisBackend(Backend):
         else:
             idle.append(conn)
         return replies
+
+    @staticmethod
+    async def _around_trip(
+        conn: Any, parser: Any, reader: Any, packed: list[bytes], replies: list[Any], want: int
+    ) -> None:
+        """Send ``packed`` on a connected ``redis.asyncio`` connection and read ``want`` replies.
+
+        What ``send_packed_command`` and ``parse_response`` per reply do
+        (connect, health check, ``socket_timeout``, errors, push messages),
+        with one timeout for the whole round trip and no task: redis-py (with
+        a ``socket_timeout``, which the backend always sets) runs each send in
+        a task of its own (``asyncio.wait_for``) and arms a timer per reply, so
+        a small write took five event-loop turns instead of two and ~145 µs of
+        client CPU instead of ~93 (same run, 1,000 writes each way).
+        """
+        if conn.health_check_interval:
+            await conn.check_health()
+        stream, pushes = conn._reader, []
+        try:
+            async with _atimeout(conn.socket_timeout):
+                conn._writer.writelines(packed)
+                await conn._writer.drain()
+                while not _take_replies(reader, replies, want, pushes):
+                    chunk = await stream.read(65536)
+                    if not chunk:
+                        raise rex.ConnectionError("Connection closed by server.")
+                    reader.feed(chunk)
+                for push in pushes:
+                    await parser.handle_push_response(push)
+        except asyncio.TimeoutError as exc:
+            raise rex.TimeoutError("Timeout reading from or writing to socket") from exc
+        except OSError as exc:
+            raise rex.ConnectionError(f"Error while reading from or writing to socket: {exc.args}") from exc
 
     def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:
         """The results, ``None`` to re-send with EVAL, or raise the first error."""

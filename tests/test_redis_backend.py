@@ -357,6 +357,31 @@ def test_async_replies_read_from_hiredis_like_redis_py(redis_backend: RedisBacke
     assert lean[-2:] == [["s"], 2] and lean[1] == (0, b"1")
 
 
+def test_async_push_messages_go_to_the_parser_not_into_replies(redis_backend: RedisBackend, monkeypatch) -> None:  # noqa: ANN001
+    """A RESP3 push message arriving between two replies of one round trip (a
+    client-tracking invalidation: Redis sends it right after the reply of the
+    command that changed a tracked key) reaches the parser's push handler and
+    never takes a reply's place."""
+    from redis._parsers.hiredis import _AsyncHiredisParser
+
+    handled: list[object] = []
+    original = _AsyncHiredisParser.handle_push_response
+
+    async def counting(self, response, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        handled.append(response)
+        return await original(self, response, **kwargs)
+
+    monkeypatch.setattr(_AsyncHiredisParser, "handle_push_response", counting)
+    b = redis_backend
+    key = f"{b.prefix}:tracked"
+    # RESP3 is redis-py's default (RESP2 would refuse tracking without REDIRECT)
+    call = _Call([("CLIENT", "TRACKING", "ON"), ("GET", key), ("SET", key, "2"), ("GET", key),
+                  ("CLIENT", "TRACKING", "OFF")])  # fmt: skip
+    reply = asyncio.run(b._aexecute(call))
+    assert reply.values[1:4] == [None, True, b"2"]  # SET's callback applied, the push skipped
+    assert len(handled) == 1 and bytes(handled[0][0]) == b"invalidate"  # type: ignore[index]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_server_that_stops_answering_times_out(redis_url: str, mode: str) -> None:
     """``socket_timeout`` bounds a round trip on a connection already open

@@ -889,9 +889,10 @@ def _pack(conn: Any, wire: list[tuple[Any, ...]]) -> list[bytes]:
     return packed if len(packed) == 1 else [b"".join(packed)]
 
 
-def _hiredis_parts(conn: Any) -> tuple[Any, Any] | None:
-    """``(parser, hiredis reader)`` of a connected redis-py connection whose
-    replies this module may read itself, else ``None``.
+def _hiredis_parts(conn: Any) -> tuple[Any, Any, asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """``(parser, hiredis reader, stream reader, stream writer)`` of a
+    connected ``redis.asyncio`` connection whose replies this module may read
+    itself, else ``None``.
 
     That is a connection parsing with hiredis, as ``redis[hiredis]`` gives.
     Anything else (the pure-Python parser, a hiredis too old to mark RESP3
@@ -899,15 +900,18 @@ def _hiredis_parts(conn: Any) -> tuple[Any, Any] | None:
     """
     parser = getattr(conn, "_parser", None)
     reader = getattr(parser, "_reader", None)
+    stream, writer = getattr(conn, "_reader", None), getattr(conn, "_writer", None)
     if (
         _NOT_ENOUGH_DATA is None
         or _HiredisReader is None
         or not isinstance(reader, _HiredisReader)
         or (_Push is None and getattr(conn, "protocol", None) not in (2, "2"))
         or not hasattr(parser, "handle_push_response")
+        or not isinstance(stream, asyncio.StreamReader)
+        or not isinstance(writer, asyncio.StreamWriter)
     ):
         return None
-    return parser, reader
+    return parser, reader, stream, writer
 
 
 def _take_replies(reader: Any, replies: list[Any], want: int, pushes: list[Any]) -> bool:
@@ -1316,7 +1320,14 @@ class RedisBackend(Backend):
 
     @staticmethod
     async def _around_trip(
-        conn: Any, parser: Any, reader: Any, packed: list[bytes], replies: list[Any], want: int
+        conn: Any,
+        parser: Any,
+        reader: Any,
+        stream: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        packed: list[bytes],
+        replies: list[Any],
+        want: int,
     ) -> None:
         """Send ``packed`` on a connected ``redis.asyncio`` connection and read ``want`` replies.
 
@@ -1331,11 +1342,11 @@ class RedisBackend(Backend):
         """
         if conn.health_check_interval:
             await conn.check_health()
-        stream, pushes = conn._reader, []
+        pushes: list[Any] = []
         try:
             async with _atimeout(conn.socket_timeout):
-                conn._writer.writelines(packed)
-                await conn._writer.drain()
+                writer.writelines(packed)
+                await writer.drain()
                 while not _take_replies(reader, replies, want, pushes):
                     chunk = await stream.read(65536)
                     if not chunk:

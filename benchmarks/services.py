@@ -88,12 +88,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def counting_redis_round_trips() -> Iterator[RequestCounter]:
-    """Count every request redis-py writes (sync and async) into :data:`REDIS_TRIPS`."""
+    """Count every request written to Redis (sync and async) into :data:`REDIS_TRIPS`.
+
+    redis-py writes each request with ``send_packed_command``; our backend's
+    async round trips write on the connection's stream themselves
+    (``RedisBackend._around_trip``, one request each), so both are counted.
+    """
     import redis.asyncio.connection as aconn
     import redis.connection as sconn
 
+    from checkpointers.backends.redis import RedisBackend
+
     sync_orig = sconn.AbstractConnection.send_packed_command
     async_orig = aconn.AbstractConnection.send_packed_command
+    trip_orig = RedisBackend._around_trip
 
     def sync_send(self: Any, command: Any, check_health: bool = True) -> Any:
         REDIS_TRIPS.add("sync")
@@ -103,13 +111,19 @@ def counting_redis_round_trips() -> Iterator[RequestCounter]:
         REDIS_TRIPS.add("async")
         return await async_orig(self, command, check_health)
 
+    async def async_trip(*args: Any) -> None:
+        REDIS_TRIPS.add("async")
+        await trip_orig(*args)
+
     sconn.AbstractConnection.send_packed_command = sync_send  # type: ignore[method-assign]
     aconn.AbstractConnection.send_packed_command = async_send  # type: ignore[method-assign]
+    RedisBackend._around_trip = staticmethod(async_trip)  # type: ignore[method-assign,assignment]
     try:
         yield REDIS_TRIPS
     finally:
         sconn.AbstractConnection.send_packed_command = sync_orig  # type: ignore[method-assign]
         aconn.AbstractConnection.send_packed_command = async_orig  # type: ignore[method-assign]
+        RedisBackend._around_trip = staticmethod(trip_orig)  # type: ignore[method-assign,assignment]
 
 
 class RedisService:

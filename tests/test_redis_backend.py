@@ -382,6 +382,33 @@ def test_async_push_messages_go_to_the_parser_not_into_replies(redis_backend: Re
     assert len(handled) == 1 and bytes(handled[0][0]) == b"invalidate"  # type: ignore[index]
 
 
+def test_the_benchmarks_request_counter_sees_every_round_trip(redis_backend: RedisBackend) -> None:
+    """benchmarks/ counts Redis requests on the client independently of the
+    backend's own counter; both agree, sync and async (where the backend
+    writes on the connection's stream itself)."""
+    from benchmarks.services import counting_redis_round_trips
+
+    b, p = redis_backend, Partition("count", "items", "s")
+
+    async def async_calls(counter: object) -> tuple[int, dict[str, int]]:
+        await b.aget(p, ["a"])  # this loop's connection is open before counting
+        counter.reset()  # type: ignore[attr-defined]
+        before = b.round_trips
+        await b.awrite(p, [make_put("c", b"3")])
+        await b.aget(p, ["a", "c"])
+        await b.alist(p, ListQuery())
+        return b.round_trips - before, dict(counter.snapshot())  # type: ignore[attr-defined]
+
+    with counting_redis_round_trips() as counter:
+        b.write(p, [make_put("a", b"1")])  # the sync connection is open before counting
+        counter.reset()
+        before = b.round_trips
+        b.write(p, [make_put("b", b"2")])
+        b.get(p, ["a", "b"])
+        assert (b.round_trips - before, dict(counter.snapshot())) == (2, {"sync": 2})
+        assert asyncio.run(async_calls(counter)) == (3, {"async": 3})
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_server_that_stops_answering_times_out(redis_url: str, mode: str) -> None:
     """``socket_timeout`` bounds a round trip on a connection already open

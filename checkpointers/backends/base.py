@@ -44,6 +44,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from .._names import Partition
@@ -212,6 +213,18 @@ class ListQuery:
     def sort_key(self, record: Record) -> str | int:
         """The ordering field of ``record`` under this query."""
         return record.name if self.order == "name" else record.seq
+
+
+def tags_json(tags: Mapping[str, str]) -> str:
+    """A record's tags as one canonical, ASCII JSON object (keys sorted, no spaces).
+
+    ``json.dumps(tags, sort_keys=True, separators=(",", ":"))`` for str -> str
+    tags, built directly: backends that keep the tags next to a record (SQLite's
+    ``tags`` column, Redis's metadata) store this and read it with ``json.loads``.
+    """
+    if not tags:  # most records (blobs, writes)
+        return "{}"
+    return "{" + ",".join(f"{_json_str(k)}:{_json_str(v)}" for k, v in sorted(tags.items())) + "}"
 
 
 def children_range(name: str) -> tuple[str, str]:

@@ -116,6 +116,7 @@ from .base import (
     check_batch,
     children_range,
     evaluate,
+    tags_json,
 )
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SqliteBackend", "translate_errors"]
@@ -304,13 +305,6 @@ def _blob(value: str) -> bytes:
 
 def _unblob(value: bytes) -> str:
     return bytes(value).decode("utf-8", "surrogatepass")
-
-
-def _tags_json(tags: Mapping[str, str]) -> str:
-    """``json.dumps(tags, sort_keys=True, separators=(",", ":"))`` for str -> str tags, built directly."""
-    if not tags:  # most records (blobs, writes)
-        return "{}"
-    return "{" + ",".join(f"{_json_str(k)}:{_json_str(v)}" for k, v in sorted(tags.items())) + "}"
 
 
 def _record(row: Sequence[Any]) -> Record:
@@ -565,7 +559,7 @@ def _rows(
         seq += 1
         seqs[i] = seq
         name, tags = put.name, put.tags
-        rows.append((pkey, name, seq, put.etag, put.digest, _tags_json(tags), put.value))
+        rows.append((pkey, name, seq, put.etag, put.digest, tags_json(tags), put.value))
         tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
     return seqs, rows, tag_rows
 

@@ -257,11 +257,12 @@ def _filter_queries(
     return [main, overflow]
 
 
-def _with_children(recs: Sequence[Record], q: ListQuery) -> dict[str, list[Record]]:
+def _children_by_pick(recs: Sequence[Record], q: ListQuery) -> dict[str, list[Record]]:
     """The children of each record a ``children=True`` query picked, by its name.
 
     The picks are the records at the query's depth; each is followed by its
-    children (see :class:`~checkpointers.backends.base.ListQuery`).
+    children (see :class:`~checkpointers.backends.base.ListQuery`). The
+    inverse of :func:`~checkpointers.backends.base.with_children`.
     """
     out: dict[str, list[Record]] = {}
     if not q.children:
@@ -611,7 +612,7 @@ class SaverFlows:
             q = ListQuery(prefix=ckpt_prefix(ns), depth=0, descending=True, limit=1, children=True)
             recs = yield ListOp(p, q)
             rec = recs[0] if recs else None
-            known = _with_children(recs, q)
+            known = _children_by_pick(recs, q)
         if rec is None:
             return None
         found = yield from self._hydrate(p, [self._stored(rec, f"thread {p.name!r}")], known)
@@ -724,7 +725,7 @@ class SaverFlows:
                 queries = _filter_queries(_CKPT, flt, depth=_CKPT_DEPTH, descending=True, stop=None, limit=None)
             seen: dict[str, Record] = {}
             for q, recs in zip(queries, (yield Parallel(tuple(ListOp(p, q) for q in queries)))):
-                kids = _with_children(recs, q)
+                kids = _children_by_pick(recs, q)
                 known.update(kids)
                 for rec in recs:
                     if q.at_depth(rec.name):

@@ -58,6 +58,7 @@ __all__ = [
     "Put",
     "Record",
     "WriteResult",
+    "content_digest",
 ]
 
 
@@ -215,6 +216,20 @@ class ListQuery:
         return record.name if self.order == "name" else record.seq
 
 
+def content_digest(digest: str) -> str:
+    """The content part of a stored digest: the SHA-256 hex of the value.
+
+    A record's ``digest`` is ``<sha256 hex of the value>`` (records written
+    before 0.2) or ``<sha256 hex>.<seal>``, where the seal binds the record to
+    its user, space, partition, name and tags (see
+    :mod:`checkpointers._integrity`). Append mode compares **content** digests:
+    the same bytes re-appended under a rotated integrity key, or over a record
+    written before seals existed, are still a no-op. Backends treat the digest
+    as an opaque ASCII string otherwise (no newline, at most 128 characters).
+    """
+    return digest.split(".", 1)[0]
+
+
 def tags_json(tags: Mapping[str, str]) -> str:
     """A record's tags as one canonical, ASCII JSON object (keys sorted, no spaces).
 
@@ -281,7 +296,7 @@ def evaluate(
         if put.mode is Mode.IF_MATCH and (cur is None or cur.etag != put.if_match):
             return Conflict(i, put.name, cur), noops
         if put.mode is Mode.APPEND and cur is not None:
-            if cur.digest != put.digest:
+            if content_digest(cur.digest) != content_digest(put.digest):
                 return Conflict(i, put.name, cur), noops
             noops.append(i)
     for j, delete in enumerate(deletes):

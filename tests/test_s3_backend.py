@@ -18,9 +18,9 @@ from urllib.parse import quote, unquote, urlsplit
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from checkpointers._flows import make_put
+from checkpointers._flows import make_put, new_etag
 from checkpointers._names import Partition
-from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put
 from checkpointers.backends.s3 import (
     ConditionalWritesUnsupportedError,
     S3Backend,
@@ -599,3 +599,40 @@ async def test_async_calls_do_not_block_the_loop(s3: S3Backend) -> None:
     finally:
         s3.client.meta.events.unregister("before-send.s3", slow)
     assert ticks >= 10, f"the loop ran only {ticks} ticks during a 0.3 s request"
+
+
+# -- append compares content digests ------------------------------------------------
+
+
+def _sealed(name: str, value: bytes, digest: str, *, staged: bool = False) -> Put:
+    return Put(name, value, digest, new_etag(), {}, Mode.APPEND, staged=staged)
+
+
+@pytest.mark.parametrize("path", ["single", "staged", "optimistic", "classic"])
+def test_append_compares_only_the_content_digest(s3: S3Backend, path: str) -> None:
+    """A seal after the '.' may differ (rotated key): same content is a no-op; other content a conflict.
+
+    ``single``: one conditional PUT; ``staged``: a staged put (S3 compares its
+    digest too, though base.Put allows not to); ``optimistic``:
+    several appends (the manifest commits); ``classic``: an append batched
+    with an upsert (the redo log, evaluated by ``base.evaluate``).
+    """
+    p = Partition("u", "items", "s")
+    staged = path == "staged"
+
+    def batch(put: Put) -> Any:
+        if path == "optimistic":
+            return s3.write(p, [put, _sealed(f"o/{uuid.uuid4().hex}", b"o", "abc.x")])
+        if path == "classic":
+            return s3.write(p, [put, make_put(f"o/{uuid.uuid4().hex}", b"o")])
+        return s3.write(p, [put])
+
+    stored = s3.write(p, [_sealed("k", b"v", "abc.x", staged=staged)]).records[0]
+    same = batch(_sealed("k", b"v", "abc.y", staged=staged))
+    assert same.conflict is None and same.records[0] == stored
+    assert s3.get(p, ["k"]) == [stored]
+    other = batch(_sealed("k", b"v", "abd.x", staged=staged))
+    assert other.conflict is not None and other.conflict.index == 0 and other.conflict.existing == stored
+    bare = batch(_sealed("k", b"v", "abc", staged=staged))  # a record written before seals: same content
+    assert bare.conflict is None and bare.records[0] == stored
+    assert s3.get(p, ["k"]) == [stored]

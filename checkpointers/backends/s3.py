@@ -65,9 +65,10 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
    then the records with ``If-None-Match: *`` (their marker says
    "optimistic": readers treat them as absent while the manifest exists),
    then deleting the manifest commits. A name found present (412) is read:
-   an append no-op is fine, another digest is a conflict, and the landed
-   records are deleted before the manifest (abort). n puts cost n + 1 PUT
-   and 1 DELETE.
+   an append no-op is fine (same content digest: the part before a ``.``,
+   see :func:`~checkpointers.backends.base.content_digest`), other content
+   is a conflict, and the landed records are deleted before the manifest
+   (abort). n puts cost n + 1 PUT and 1 DELETE.
 4. Other batches with **several** operations use a redo log. The current
    objects are read and the conditions evaluated; then a manifest holding
    the whole batch (every new record body and the S3 ETag each operation
@@ -143,6 +144,7 @@ from .base import (
     WriteResult,
     check_batch,
     children_range,
+    content_digest,
     evaluate,
 )
 
@@ -750,7 +752,7 @@ class S3Backend(Backend):
                 continue
             if cur.record.etag == put.etag:
                 return cur.record  # our own write landed; a retry after a lost response got 412
-            if put.mode is Mode.APPEND and cur.record.digest == put.digest:
+            if put.mode is Mode.APPEND and content_digest(cur.record.digest) == content_digest(put.digest):
                 return cur.record
             return Conflict(0, put.name, cur.record)
 
@@ -805,7 +807,7 @@ class S3Backend(Backend):
            ``If-None-Match: *``; while it exists, readers treat every record
            carrying this batch's (optimistic) marker as absent.
         2. The records are written in parallel with ``If-None-Match: *``.
-        3. If all landed (or are append no-ops: same digest already stored),
+        3. If all landed (or are append no-ops: same content digest already stored),
            deleting the manifest (``If-Match`` its ETag) is the commit point.
            Otherwise the landed records are deleted (``If-Match`` their ETags)
            and then the manifest: a conflict is returned, or ``None`` when the
@@ -842,7 +844,9 @@ class S3Backend(Backend):
             elif cur is None or cur.record is None or put.mode is Mode.UPSERT:
                 classic = True
                 break
-            elif cur.record.etag == put.etag or (put.mode is Mode.APPEND and cur.record.digest == put.digest):
+            elif cur.record.etag == put.etag or (
+                put.mode is Mode.APPEND and content_digest(cur.record.digest) == content_digest(put.digest)
+            ):
                 records[i] = cur.record  # an append no-op
             else:
                 verdict = Conflict(i, put.name, cur.record)

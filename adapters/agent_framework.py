@@ -72,7 +72,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
 from agent_framework._workflows._checkpoint_encoding import (
@@ -80,7 +80,8 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
-from checkpointers._flows import Flow, GetOp, ListOp, arun, delete_present_flow, make_put, verified, write_flow
+from checkpointers._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, write_flow
+from checkpointers._integrity import Integrity, IntegrityKeys
 from checkpointers._names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
@@ -109,6 +110,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: The partition space of this face and the one partition name per user.
 SPACE = "agent_framework"
@@ -241,6 +243,12 @@ class IsolatedCheckpointStorage:
             decoding, beyond the framework's safe set (as ``FileCheckpointStorage``).
         max_item_bytes: cap on one serialized checkpoint (default 1 MiB).
         on_refused: called with a :class:`RefusedSave` each time ``save`` refuses.
+        integrity_key: secret(s) for HMAC record seals (a list rotates: the
+            first signs, all verify); default ``CHECKPOINTERS_INTEGRITY_KEY``.
+            Without one, each record's seal still binds it to its user and id,
+            so a record copied from another user's storage is refused.
+        accept_unsealed: read records without a trustworthy seal (written
+            before 0.2); default: only when no key is set.
         **backend_options: passed to ``open_backend`` when ``backend`` is a URL.
 
     **Refused saves are made visible.** The framework's runner catches every
@@ -271,6 +279,9 @@ class IsolatedCheckpointStorage:
         allowed_checkpoint_types: Iterable[str] | None = None,
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         on_refused: Callable[[RefusedSave], None] | None = None,
+        integrity_key: IntegrityKeys = None,
+        accept_unsealed: bool | None = None,
+        integrity: Integrity | None = None,
         **backend_options: Any,
     ) -> None:
         if isinstance(backend, str):
@@ -302,6 +313,7 @@ class IsolatedCheckpointStorage:
         self.allowed_checkpoint_types: frozenset[str] = frozenset(allowed_checkpoint_types or ())
         self.max_item_bytes = max_item_bytes
         self.on_refused = on_refused
+        self.integrity = integrity or Integrity(integrity_key, accept_unsealed=accept_unsealed)
         #: The one partition holding every checkpoint of this user.
         self.partition = Partition(self.user, SPACE, PARTITION_NAME)
         #: Refused saves not yet raised by :meth:`raise_if_refused`.
@@ -329,6 +341,7 @@ class IsolatedCheckpointStorage:
             allowed_checkpoint_types=self.allowed_checkpoint_types,
             max_item_bytes=self.max_item_bytes,
             on_refused=self.on_refused,
+            integrity=self.integrity,
         )
 
     # -- the CheckpointStorage protocol ----------------------------------
@@ -358,7 +371,7 @@ class IsolatedCheckpointStorage:
         Raises ``WorkflowCheckpointException`` if this user has no such
         checkpoint, :class:`CorruptCheckpointError` if it cannot be decoded.
         """
-        return await arun(self._load_flow(checkpoint_id), self.backend)
+        return await self._read(self._load_flow(checkpoint_id))
 
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
         """Every checkpoint of ``workflow_name`` for this user, oldest saved first.
@@ -366,7 +379,7 @@ class IsolatedCheckpointStorage:
         A checkpoint that cannot be decoded raises :class:`CorruptCheckpointError`
         (it is not skipped); ``list_checkpoint_ids`` and ``delete`` still work.
         """
-        return await arun(self._list_flow(workflow_name), self.backend)
+        return await self._read(self._list_flow(workflow_name))
 
     async def delete(self, checkpoint_id: str) -> bool:
         """Delete this user's checkpoint ``checkpoint_id``; return whether this call deleted it.
@@ -382,7 +395,7 @@ class IsolatedCheckpointStorage:
         cannot be decoded this raises :class:`CorruptCheckpointError`; it never
         returns an older one instead.
         """
-        return await arun(self._latest_flow(workflow_name), self.backend)
+        return await self._read(self._latest_flow(workflow_name))
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
         """Ids of this user's checkpoints of ``workflow_name``, oldest saved first.
@@ -395,7 +408,16 @@ class IsolatedCheckpointStorage:
         rewritten, and only the record's header proves it. Prefer
         :meth:`get_latest` (one LIST and one GET) on S3 hot paths.
         """
-        return await arun(self._ids_flow(workflow_name), self.backend)
+        return await self._read(self._ids_flow(workflow_name))
+
+    async def _read(self, flow: Flow[_T]) -> _T:
+        """Run a read flow; damaged stored bytes of any kind surface as :class:`CorruptCheckpointError`."""
+        try:
+            return await arun(flow, self.backend)
+        except CorruptCheckpointError:
+            raise
+        except CorruptItemError as exc:  # found by the backend (damaged metadata) or the seal check
+            raise CorruptCheckpointError(exc.key, exc.reason) from exc
 
     # -- refusals ----------------------------------------------------------
 
@@ -460,7 +482,9 @@ class IsolatedCheckpointStorage:
                 f"allowed_checkpoint_types or register it with register_checkpoint_type()."
             ) from exc
         tags = check_tags(checkpoint_id, self._tags(checkpoint))
-        return make_put(_record_name(checkpoint_id), data, tags=tags, mode=Mode.APPEND)
+        return self.integrity.put(
+            self.partition, _record_name(checkpoint_id), data, etag=new_etag(), tags=tags, mode=Mode.APPEND
+        )
 
     @staticmethod
     def _tags(checkpoint: WorkflowCheckpoint) -> dict[str, str]:
@@ -476,7 +500,7 @@ class IsolatedCheckpointStorage:
 
     def _decode(self, record: Record, checkpoint_id: str) -> WorkflowCheckpoint:
         try:
-            verified(record, checkpoint_id)
+            self.integrity.check(self.partition, record, checkpoint_id)
         except CorruptItemError as exc:
             raise CorruptCheckpointError(checkpoint_id, exc.reason) from exc
         try:

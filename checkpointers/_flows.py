@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._names import Partition
-from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
+from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
 from .errors import ConcurrencyError, CorruptItemError, StepMismatchError
 
 __all__ = [
@@ -201,7 +201,11 @@ def make_put(
     if_match: str | None = None,
     staged: bool = False,
 ) -> Put:
-    """Build a :class:`Put` with its digest and a new etag."""
+    """Build an unsealed :class:`Put` (content digest only) with a new etag.
+
+    For backend-level code and tests; the store, the savers and the adapters
+    write sealed records (:meth:`checkpointers._integrity.Integrity.put`).
+    """
     return Put(name, value, digest(value), new_etag(), tags or {}, mode, if_match, staged)
 
 
@@ -232,7 +236,7 @@ def raise_conflict(
         raise ConcurrencyError(label, deletes[c.index - len(puts)].if_match, actual)
     put = puts[c.index]
     if put.mode is Mode.APPEND and c.existing is not None:
-        raise StepMismatchError(label, c.existing.digest, put.digest)
+        raise StepMismatchError(label, content_digest(c.existing.digest), content_digest(put.digest))
     if put.mode is Mode.CREATE:
         raise ConcurrencyError(label, None, actual)
     raise ConcurrencyError(label, put.if_match, actual)

@@ -41,10 +41,11 @@ methods and ``arun`` in its async ones.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -67,17 +68,24 @@ from ._flows import (
     PartitionsOp,
     WriteOp,
     digest,
-    make_put,
     new_etag,
-    verified,
+    raise_conflict,
     write_flow,
 )
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size
 from ._names import encode_component as enc
-from .backends.base import Delete, ListQuery, Mode, Put, Record
-from .errors import CorruptItemError, ItemTooLargeError
+from ._integrity import Integrity
+from .backends.base import Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
+from .errors import (
+    ConcurrencyError,
+    CorruptItemError,
+    DisallowedTypeError,
+    ItemTooLargeError,
+    StepMismatchError,
+    UnserializableValueError,
+)
 
-__all__ = ["SPACE", "Found", "SaverFlows", "metadata_tags", "tag_value"]
+__all__ = ["SPACE", "Found", "SaverFlows", "WriteMismatch", "metadata_tags", "tag_value"]
 
 #: The partition space of every LangGraph thread.
 SPACE = "langgraph"
@@ -112,6 +120,12 @@ _PER_CHECKPOINT_LISTINGS = 64
 #: channel name and value (msgpack headers of the entry, index, name, bytes).
 _PACK_OVERHEAD = 128
 _WRITE_OVERHEAD = 24
+#: Rounds of "write, find what is stored already, write the rest" in put_writes
+#: before giving up with ConcurrencyError (each round means another writer
+#: stored writes of the same task in between).
+_WRITE_ATTEMPTS = 4
+
+logger = logging.getLogger("checkpointers.savers")
 
 
 # -- names --------------------------------------------------------------------
@@ -312,6 +326,45 @@ class Found:
     pending_writes: list[PendingWrite]
 
 
+@dataclass(frozen=True)
+class WriteMismatch:
+    """A regular write re-written with a different value; the stored one was kept.
+
+    ``kind`` is ``"edit"`` when the re-write carries no task path (what
+    ``update_state``, forks and ``Command(resume=..., update=...)`` send) and
+    ``"recomputation"`` when a task re-ran and produced something else (two
+    workers that ran the same task and disagree look like this).
+    """
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    idx: int
+    stored_channel: str
+    new_channel: str
+    stored_digest: str
+    new_digest: str
+
+    @property
+    def kind(self) -> str:
+        """``"edit"`` (no task path) or ``"recomputation"``."""
+        return "recomputation" if self.task_path else "edit"
+
+
+class _Counter:
+    """A count shared by a saver and its views (``copy.copy`` shares the object)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.lock = threading.Lock()
+
+    def add(self) -> None:
+        with self.lock:
+            self.value += 1
+
+
 #: Frame headers (length byte + type name) by serializer type name.
 _HEADERS: dict[str, bytes] = {}
 
@@ -347,12 +400,42 @@ class SaverFlows:
 
     serde: SerializerProtocol
     max_item_bytes: int
+    integrity: Integrity
+    strict_writes: bool
+    on_write_mismatch: Callable[[WriteMismatch], None] | None
 
     def _init_flows(self) -> None:
+        self._mismatches = _Counter()
         self._recent: OrderedDict[
             tuple[str, str], tuple[str, dict[str, Any], dict[str, str], dict[str, bytes]]
         ] = OrderedDict()
         self._recent_lock = threading.Lock()
+
+    @property
+    def write_mismatches(self) -> int:
+        """How many re-written writes differed from the stored ones (kept) since this saver was made."""
+        return self._mismatches.value
+
+    def _report_mismatch(self, mismatch: WriteMismatch) -> None:
+        """Log, count and pass on a re-write whose value differs from the stored one."""
+        self._mismatches.add()
+        log = logger.warning if mismatch.kind == "recomputation" else logger.info
+        log(
+            "kept the stored write %d of task %r at checkpoint %r (thread %r, namespace %r): "
+            "a %s wrote %r (sha256 %s) over %r (sha256 %s)",
+            mismatch.idx,
+            mismatch.task_id,
+            mismatch.checkpoint_id,
+            mismatch.thread_id,
+            mismatch.checkpoint_ns,
+            mismatch.kind,
+            mismatch.new_channel,
+            mismatch.new_digest[:16],
+            mismatch.stored_channel,
+            mismatch.stored_digest[:16],
+        )
+        if self.on_write_mismatch is not None:
+            self.on_write_mismatch(mismatch)
 
     # -- encoding ---------------------------------------------------------
 
@@ -360,31 +443,35 @@ class SaverFlows:
         """Serialize with the saver's serde, then enforce the size cap (no I/O)."""
         try:
             typed = self.serde.dumps_typed(obj)
-        except Exception as exc:
-            raise TypeError(
-                f"{label}: {type(self.serde).__name__} cannot serialize a value of type "
-                f"{type(obj).__name__} ({type(exc).__name__}: {exc}); nothing was written. "
-                f"Store plain data (dicts, lists, str, numbers, pydantic models, dataclasses)."
-            ) from exc
+        except Exception as exc:  # RecursionError included: nesting too deep
+            raise UnserializableValueError(
+                label,
+                f"{type(self.serde).__name__} cannot serialize a value of type {type(obj).__name__} "
+                f"({type(exc).__name__}: {str(exc)[:200]})",
+            ) from None
         data = _frame(typed)
         check_size(label, len(data), self.max_item_bytes)
         return data
 
-    def _load(self, label: str, record: Record) -> Any:
-        """Verify the digest and deserialize; any failure is CorruptItemError."""
-        verified(record, label)
+    def _load(self, p: Partition, label: str, record: Record) -> Any:
+        """Check the record's seal for its place in ``p`` and deserialize; any failure is CorruptItemError."""
+        self.integrity.check(p, record, label)
         return self._loads(label, record.value)
 
     def _loads(self, label: str, data: bytes) -> Any:
         """Deserialize framed bytes (already verified); any failure is CorruptItemError."""
         try:
             return self.serde.loads_typed(_unframe(data))
+        except DisallowedTypeError as exc:
+            raise DisallowedTypeError(label, exc.module, exc.name) from None
+        except CorruptItemError as exc:
+            raise CorruptItemError(label, exc.reason) from None
         except Exception as exc:
             raise CorruptItemError(label, f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
 
-    def _stored(self, record: Record, where: str) -> Stored:
-        label = f"checkpoint record {record.name!r} of {where}"
-        payload = self._load(label, record)
+    def _stored(self, p: Partition, record: Record) -> Stored:
+        label = f"checkpoint record {record.name!r} of thread {p.name!r}"
+        payload = self._load(p, label, record)
         try:
             if payload["v"] not in _FORMATS:
                 raise ValueError(f"unknown record format {payload['v']!r}")
@@ -465,7 +552,9 @@ class SaverFlows:
             sha = digest(data)
             name = _blob_name(sha)
             if name not in blob_puts:
-                blob_puts[name] = Put(name, data, sha, new_etag(), {}, Mode.APPEND, None, True)
+                blob_puts[name] = self.integrity.put(
+                    p, name, data, etag=new_etag(), mode=Mode.APPEND, staged=True, sha=sha
+                )
             blobs[channel] = sha
 
         for channel in versions:
@@ -479,7 +568,7 @@ class SaverFlows:
             if prior is None and parent:
                 (rec,) = yield GetOp(p, [ckpt_name(ns, parent)])
                 if rec is not None:
-                    got = self._stored(rec, where)
+                    got = self._stored(p, rec)
                     prior = (got.checkpoint.get("channel_versions", {}), got.blobs, got.inline)
             old_versions, old_blobs, old_inline = prior or ({}, {}, {})
             for channel in inherited:
@@ -504,7 +593,9 @@ class SaverFlows:
             "inline": inline,
         }
         tags = metadata_tags(metadata)  # valid by construction: at most 16, lengths checked, no NUL
-        record = make_put(ckpt_name(ns, cid), self._dump(where, payload), tags=tags, mode=Mode.APPEND)
+        record = self.integrity.put(
+            p, ckpt_name(ns, cid), self._dump(where, payload), etag=new_etag(), tags=tags, mode=Mode.APPEND
+        )
         puts = [*blob_puts.values(), record]
         labels = [f"blob {n} of {where}" for n in blob_puts] + [where]
         yield from write_flow(p, puts, (), labels)
@@ -525,6 +616,14 @@ class SaverFlows:
         APPEND record named after the first one's index (more records only
         when they would pass the size cap together); each special write
         (``idx < 0``) is its own UPSERT record, since the runtime replaces them.
+
+        A regular write whose (checkpoint, task, idx) is already stored keeps
+        the stored value, as every LangGraph saver does (``update_state``,
+        forks and ``Command(resume=..., update=...)`` re-write them); the new
+        ones of the call are written. A re-write with a *different* value is
+        reported (:meth:`_report_mismatch`), and raised as
+        :class:`~checkpointers.errors.StepMismatchError` with ``strict_writes=True``
+        when it comes from a task's recomputation (a ``task_path``).
         """
         where = f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
         prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
@@ -537,18 +636,76 @@ class SaverFlows:
                 special[idx] = (channel, value)
             else:
                 regular.append((idx, channel, value))
-        puts: list[Put] = []
-        labels: list[str] = []
-        for chunk, data in self._packed(regular, task_id, task_path, where):
-            puts.append(make_put(f"{prefix}{chunk[0][0]}", data, mode=Mode.APPEND))
-            labels.append(f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}")
+        special_puts: list[Put] = []
+        special_labels: list[str] = []
         for idx, (channel, value) in special.items():
             label = f"write {idx} ({channel!r}) of {where}"
             payload = {"task_id": task_id, "task_path": task_path, "w": [[idx, channel, value]]}
-            puts.append(make_put(f"{prefix}{idx}", self._dump(label, payload), mode=Mode.UPSERT))
-            labels.append(label)
-        if puts:
-            yield from write_flow(p, puts, (), labels)
+            data = self._dump(label, payload)
+            special_puts.append(self.integrity.put(p, f"{prefix}{idx}", data, etag=new_etag(), mode=Mode.UPSERT))
+            special_labels.append(label)
+        for _ in range(_WRITE_ATTEMPTS):
+            regular_puts, labels = self._regular_puts(p, prefix, regular, task_id, task_path, where)
+            puts = [*regular_puts, *special_puts]
+            if not puts:
+                return
+            result: WriteResult = yield WriteOp(p, tuple(puts), ())
+            conflict = result.conflict
+            if conflict is None:
+                return
+            if conflict.index >= len(regular_puts) or conflict.existing is None:
+                raise_conflict(result, puts, (), labels + special_labels)
+            # Some of these (task, idx) are stored already: keep them, write the others.
+            stored_recs = yield ListOp(p, ListQuery(prefix=prefix))
+            stored: dict[int, tuple[str, Any]] = {}
+            for rec in stored_recs:
+                if not rec.name.rsplit("/", 1)[1].startswith("-"):
+                    stored.update({w[2]: (w[3], w[4]) for w in self._pending(p, rec, where)})
+            for idx, channel, value in regular:
+                if idx in stored:
+                    self._check_rewrite(p, ns, cid, task_id, task_path, idx, stored[idx], (channel, value), where)
+            regular = [w for w in regular if w[0] not in stored]
+        raise ConcurrencyError(f"writes of {where}", None)
+
+    def _regular_puts(
+        self,
+        p: Partition,
+        prefix: str,
+        regular: list[tuple[int, str, Any]],
+        task_id: str,
+        task_path: str,
+        where: str,
+    ) -> tuple[list[Put], list[str]]:
+        puts: list[Put] = []
+        labels: list[str] = []
+        for chunk, data in self._packed(regular, task_id, task_path, where):
+            puts.append(self.integrity.put(p, f"{prefix}{chunk[0][0]}", data, etag=new_etag(), mode=Mode.APPEND))
+            labels.append(f"writes {chunk[0][0]}..{chunk[-1][0]} of {where}")
+        return puts, labels
+
+    def _check_rewrite(
+        self,
+        p: Partition,
+        ns: str,
+        cid: str,
+        task_id: str,
+        task_path: str,
+        idx: int,
+        stored: tuple[str, Any],
+        new: tuple[str, Any],
+        where: str,
+    ) -> None:
+        """Compare a re-written write with the stored one; report (or raise) if they differ."""
+        label = f"write {idx} of {where}"
+        old_digest, new_digest = digest(self._dump(label, list(stored))), digest(self._dump(label, list(new)))
+        if old_digest == new_digest:
+            return
+        mismatch = WriteMismatch(
+            p.name, ns, cid, task_id, task_path, idx, stored[0], new[0], old_digest, new_digest
+        )
+        if self.strict_writes and task_path:
+            raise StepMismatchError(label, old_digest, new_digest)
+        self._report_mismatch(mismatch)
 
     def _packed(
         self, writes: list[tuple[int, str, Any]], task_id: str, task_path: str, where: str
@@ -586,14 +743,14 @@ class SaverFlows:
             size += need
         return [(chunk, dump(chunk)) for chunk in chunks]
 
-    def _pending(self, rec: Record, where: str) -> list[tuple[str, str, int, str, Any]]:
+    def _pending(self, p: Partition, rec: Record, where: str) -> list[tuple[str, str, int, str, Any]]:
         """The writes of one writes record as ``(task_path, task_id, idx, channel, value)``.
 
         Reads both layouts: a packed record (``w``: ``[idx, channel, value]``
         each) and the earlier one-write record.
         """
         label = f"write {rec.name!r} of {where}"
-        payload = self._load(label, rec)
+        payload = self._load(p, label, rec)
         try:
             if "w" not in payload:  # written by 0.1: one write per record
                 return [(payload["task_path"], payload["task_id"], payload["idx"], payload["channel"], payload["value"])]
@@ -615,7 +772,7 @@ class SaverFlows:
             known = _children_by_pick(recs, q)
         if rec is None:
             return None
-        found = yield from self._hydrate(p, [self._stored(rec, f"thread {p.name!r}")], known)
+        found = yield from self._hydrate(p, [self._stored(p, rec)], known)
         return found[0]
 
     def _hydrate(
@@ -656,16 +813,16 @@ class SaverFlows:
             for d, rec in zip(digests, results[-1]):
                 if rec is None:
                     raise CorruptItemError(_blob_name(d), f"blob referenced by a checkpoint of {where} is missing")
-                if rec.digest != d:
+                if content_digest(rec.digest) != d:
                     raise CorruptItemError(_blob_name(d), "stored digest does not match its name")
-                values[d] = self._load(f"blob {d} of {where}", rec)
+                values[d] = self._load(p, f"blob {d} of {where}", rec)
         writes: dict[str, dict[str, Record]] = {}
         for recs in [*known.values(), *results[: len(queries)]]:
             for rec in recs:
                 writes.setdefault(_owner(rec.name), {})[rec.name] = rec
         out: list[Found] = []
         for s in stored:
-            pending = [w for rec in writes.get(s.name, {}).values() for w in self._pending(rec, where)]
+            pending = [w for rec in writes.get(s.name, {}).values() for w in self._pending(p, rec, where)]
             pending.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
             channel_values = {ch: values[d] for ch, d in s.blobs.items()}
             for ch, data in s.inline.items():
@@ -708,7 +865,7 @@ class SaverFlows:
             if cid and ns is not None:
                 (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
                 if rec is not None:
-                    s = self._stored(rec, f"thread {p.name!r}")
+                    s = self._stored(p, rec)
                     if (not before or s.cid < before) and matches(s.metadata, flt):
                         picked.append((p, s))
                 continue
@@ -731,7 +888,7 @@ class SaverFlows:
                     if q.at_depth(rec.name):
                         seen.setdefault(rec.name, rec)
             for rec in seen.values():
-                s = self._stored(rec, f"thread {p.name!r}")
+                s = self._stored(p, rec)
                 if ns is not None and s.ns != ns:
                     continue
                 if cid and s.cid != cid:
@@ -766,15 +923,15 @@ class SaverFlows:
 
         recs = sorted(recs, key=lambda r: (rank(r.name), r.name))
         puts = [
-            Put(
+            self.integrity.put(
+                dst,
                 r.name,
-                verified(r, f"record {r.name!r} of thread {src.name!r}").value,
-                r.digest,
-                new_etag(),
-                dict(r.tags),
-                _mode_of(r.name),
-                None,
-                r.name.startswith(_BLOB),
+                self.integrity.check(src, r, f"record {r.name!r} of thread {src.name!r}").value,
+                etag=new_etag(),
+                tags=dict(r.tags),
+                mode=_mode_of(r.name),
+                staged=r.name.startswith(_BLOB),
+                sha=content_digest(r.digest),
             )
             for r in recs
         ]
@@ -808,7 +965,7 @@ class SaverFlows:
             doomed: set[str] = set()
             if None in tagged:  # a run id that cannot be a tag: read every record
                 for rec in (yield ListOp(p, ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH))):
-                    if self._stored(rec, f"thread {thread!r}").metadata.get("run_id", object()) in run_ids:
+                    if self._stored(p, rec).metadata.get("run_id", object()) in run_ids:
                         doomed.add(rec.name)
             for tval in tagged:
                 if tval is None:
@@ -830,7 +987,7 @@ class SaverFlows:
         if remaining:
             for rec in (yield GetOp(p, remaining)):
                 if rec is not None:
-                    referenced.update(self._stored(rec, f"thread {p.name!r}").blobs.values())
+                    referenced.update(self._stored(p, rec).blobs.values())
         kept = set(remaining)
         deletes = [Delete(n) for n in sorted(doomed)]
         writes, old_writes, blobs = yield Parallel(

@@ -8,10 +8,13 @@ can catch ``CheckpointerError`` at a boundary. Input errors also derive from
     ├── InvalidNameError(CheckpointerError, ValueError)   .name .reason
     ├── ItemTooLargeError(CheckpointerError, ValueError)  .key .size .limit
     ├── TooManyTagsError(CheckpointerError, ValueError)   .key .count .limit
+    ├── InvalidArgumentError(CheckpointerError, ValueError, TypeError)  .argument .reason
+    ├── UnserializableValueError(CheckpointerError, TypeError, ValueError)  .key .reason
     ├── StepMismatchError                                 .step .stored_digest .new_digest
     ├── ConcurrencyError                                  .key .expected_etag .actual_etag
     ├── IsolationError
     ├── CorruptItemError                                  .key .reason
+    │   └── DisallowedTypeError                           .module .name
     └── BackendUnavailableError                           __cause__ = the driver's error
 
 Backends translate their driver's exceptions at the edge (each backend has one
@@ -26,11 +29,14 @@ __all__ = [
     "CheckpointerError",
     "ConcurrencyError",
     "CorruptItemError",
+    "DisallowedTypeError",
+    "InvalidArgumentError",
     "InvalidNameError",
     "IsolationError",
     "ItemTooLargeError",
     "StepMismatchError",
     "TooManyTagsError",
+    "UnserializableValueError",
 ]
 
 
@@ -83,6 +89,39 @@ class TooManyTagsError(CheckpointerError, ValueError):
         super().__init__(
             f"item {key!r} has {count} tags, over the limit of {limit}; nothing was "
             f"written. Keep at most {limit} tags and move the rest into the value."
+        )
+
+
+class InvalidArgumentError(CheckpointerError, ValueError, TypeError):
+    """An argument or a config is invalid: wrong type, empty etag, missing id, ...
+
+    Raised before any I/O; nothing was written. ``argument`` names the
+    argument (``"limit"``, ``"if_match"``, ``"configurable.thread_id"``...)
+    and ``reason`` says what is wrong and what to pass instead. Also a
+    ``ValueError`` and a ``TypeError``, so either generic handler keeps working.
+    """
+
+    def __init__(self, argument: str, reason: str) -> None:
+        self.argument = argument
+        self.reason = reason
+        super().__init__(f"invalid {argument}: {reason}; nothing was written")
+
+
+class UnserializableValueError(CheckpointerError, TypeError, ValueError):
+    """A value cannot be serialized (not JSON / the serializer's types, NaN, too deep, ...).
+
+    Raised before any I/O; nothing was written. ``key`` names the item,
+    channel or write; ``reason`` what the serializer said. Also a
+    ``TypeError`` (what ``json.dumps`` raises for an unknown type) and a
+    ``ValueError`` (what it raises for NaN).
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(
+            f"{key}: the value cannot be serialized ({reason}); nothing was written. "
+            f"Store plain data (dicts, lists, str, finite numbers, bool, None; bytes for items)."
         )
 
 
@@ -148,6 +187,29 @@ class CorruptItemError(CheckpointerError):
         self.key = key
         self.reason = reason
         super().__init__(f"stored item {key!r} is corrupt: {reason}")
+
+
+class DisallowedTypeError(CorruptItemError):
+    """Stored bytes name a type that decoding may not rebuild.
+
+    Decoding rebuilds only LangGraph's own safe types and the types the
+    caller allowed (``allowed_msgpack_modules=``); nothing named in stored
+    bytes is ever imported otherwise. Either the store was written by someone
+    else (treat it as tampering) or your state uses a type of your own: allow
+    it explicitly, e.g. ``allowed_msgpack_modules=[("my_app.models", "MyState")]``.
+    """
+
+    def __init__(self, key: str, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+        CheckpointerError.__init__(
+            self,
+            f"stored item {key!r} names type {module}.{name}, which is not in the decoding "
+            f"allowlist; it was not imported. If it is a type of yours, pass "
+            f"allowed_msgpack_modules=[({module!r}, {name!r})] to the checkpointer",
+        )
+        self.key = key
+        self.reason = f"type {module}.{name} is not in the decoding allowlist"
 
 
 class BackendUnavailableError(CheckpointerError):

@@ -19,12 +19,14 @@ blocks the loop.
 >>> graph.get_state({"configurable": {"thread_id": "t1"}}).values
 2
 
-**Users.** The user of a call is ``config["configurable"]["user_id"]`` if
-present, else the user the view is bound to (:meth:`Checkpointer.for_user`),
-else the user of the surrounding :meth:`Checkpointer.acting_for` block, else
-the anonymous user, isolated like any other. With ``require_user=True``
-a call without a user raises :class:`~checkpointers.errors.IsolationError`
-before any I/O. Methods that take no config (``delete_thread``,
+**Users.** A view bound to a user (:meth:`Checkpointer.for_user`) is
+authoritative: it serves that user only, and a config whose ``user_id`` names
+anyone else raises :class:`~checkpointers.errors.IsolationError` before any
+I/O (the same user is fine). Inside a :meth:`Checkpointer.acting_for` block
+the same holds for the block's user. An unbound saver outside such a block
+takes ``config["configurable"]["user_id"]``, else the anonymous user,
+isolated like any other. With ``require_user=True`` a call without a user
+raises :class:`~checkpointers.errors.IsolationError` before any I/O. Methods that take no config (``delete_thread``,
 ``copy_thread``, ``prune``, ``delete_for_runs``, ``list(None)``) use the bound
 user: bind a view per user to manage their threads. LangGraph's
 ``get_state(subgraphs=True)`` reads subgraph checkpoints with configs that
@@ -36,7 +38,8 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -52,14 +55,15 @@ from langgraph.checkpoint.base import (
     SerializerProtocol,
     get_checkpoint_metadata,
 )
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from ._flows import DropOp, Flow, arun, run
+from ._integrity import Integrity, IntegrityKeys
 from ._names import ANONYMOUS_USER, DEFAULT_MAX_ITEM_BYTES, Partition, validate_user
-from ._saver_flows import SPACE, Found, SaverFlows
+from ._saver_flows import SPACE, Found, SaverFlows, WriteMismatch
+from ._serde import AllowedTypes, SafeSerializer
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
-from .errors import IsolationError
+from .errors import InvalidArgumentError, IsolationError
 
 __all__ = [
     "Checkpointer",
@@ -67,10 +71,22 @@ __all__ = [
     "RedisCheckpointer",
     "S3Checkpointer",
     "SqliteCheckpointer",
+    "WriteMismatch",
+    "default_serde",
 ]
 
 _STRATEGIES = ("keep_latest", "delete")
-_SAVER_OPTIONS = ("user", "require_user", "serde", "max_item_bytes")
+_SAVER_OPTIONS = (
+    "user",
+    "require_user",
+    "serde",
+    "max_item_bytes",
+    "allowed_msgpack_modules",
+    "integrity_key",
+    "accept_unsealed",
+    "strict_writes",
+    "on_write_mismatch",
+)
 #: Partitions (with their encoded keys) kept per saver, by (user, thread id).
 _PARTITION_CACHE_SIZE = 4096
 
@@ -81,9 +97,40 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return saver, {k: v for k, v in options.items() if k not in _SAVER_OPTIONS}
 
 
-def default_serde() -> SerializerProtocol:
-    """LangGraph's msgpack serializer with the pickle fallback off: loading never unpickles."""
-    return JsonPlusSerializer(pickle_fallback=False)
+def default_serde(allowed_msgpack_modules: AllowedTypes | None = None) -> SerializerProtocol:
+    """LangGraph's msgpack format, no pickle; decoding rebuilds an allowlist of types only.
+
+    See :class:`checkpointers._serde.SafeSerializer`: LangGraph's safe types
+    plus ``allowed_msgpack_modules``; a type outside them is never imported
+    (:class:`~checkpointers.errors.DisallowedTypeError`). Graphs compiled
+    with the saver add their state schema's own types (LangGraph calls
+    ``with_allowlist``).
+    """
+    return SafeSerializer(allowed_msgpack_modules)
+
+
+def _thread_key(thread_id: object) -> str:
+    """A thread id as the saver keys it: a string (ints and UUIDs are accepted as LangGraph does)."""
+    if isinstance(thread_id, str):
+        return thread_id
+    if thread_id is None:
+        raise InvalidArgumentError(
+            "configurable.thread_id", "the config has none; pass one to name the thread"
+        )
+    if isinstance(thread_id, bool) or not isinstance(thread_id, (int, uuid.UUID)):
+        raise InvalidArgumentError(
+            "configurable.thread_id", f"must be a str (or an int or UUID), got {type(thread_id).__name__}"
+        )
+    return str(thread_id)
+
+
+def _text(argument: str, value: object, default: str | None = None) -> str:
+    """A config or call value that must be a string (checkpoint ns, ids, task ids)."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise InvalidArgumentError(argument, f"must be a str, got {type(value).__name__} {value!r:.60}")
+    return value
 
 
 class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
@@ -93,11 +140,28 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         backend: where records live (memory, SQLite, Redis, S3, ...).
         user: bind this saver to a user (same as ``for_user(user)``).
         require_user: refuse calls that name no user (``IsolationError``).
-        serde: serializer; defaults to LangGraph's msgpack serializer without
-            pickle fallback.
+        serde: serializer; defaults to :func:`default_serde`, LangGraph's
+            msgpack format without pickle, decoding only allowed types. A
+            serializer of your own is trusted as it is.
+        allowed_msgpack_modules: types (classes or ``(module, name)`` pairs)
+            the default serializer may rebuild besides LangGraph's safe ones.
         max_item_bytes: cap on each stored record (a checkpoint without its
             channel values, one channel value, one write); over it raises
             ``ItemTooLargeError`` before anything is written.
+        integrity_key: secret(s) for HMAC record seals (a list rotates: the
+            first signs, all verify); default ``CHECKPOINTERS_INTEGRITY_KEY``.
+            Without one, seals still bind each record to its user, thread and
+            name. See :mod:`checkpointers._integrity`.
+        accept_unsealed: read records without a trustworthy seal (written
+            before 0.2); default: only when no key is set.
+        strict_writes: raise :class:`~checkpointers.errors.StepMismatchError`
+            when a task's recomputation re-writes one of its stored writes
+            with a different value. Default ``False``: the stored write is
+            kept and the mismatch reported (logged, counted in
+            :attr:`write_mismatches`, passed to ``on_write_mismatch``), as
+            LangGraph's runtime needs for ``update_state``, forks and resumes.
+        on_write_mismatch: called with a :class:`WriteMismatch` for every
+            re-written write whose value differs from the stored one.
 
     Using it as a context manager (``with``/``async with``) closes the backend.
     """
@@ -110,14 +174,26 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         require_user: bool = False,
         serde: SerializerProtocol | None = None,
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
+        allowed_msgpack_modules: AllowedTypes | None = None,
+        integrity_key: IntegrityKeys = None,
+        accept_unsealed: bool | None = None,
+        strict_writes: bool = False,
+        on_write_mismatch: Callable[[WriteMismatch], None] | None = None,
     ) -> None:
-        super().__init__(serde=serde or default_serde())
-        if max_item_bytes <= 0:
-            raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        if serde is not None and allowed_msgpack_modules is not None:
+            raise InvalidArgumentError(
+                "allowed_msgpack_modules", "applies to the default serializer; configure your serde= instead"
+            )
+        super().__init__(serde=serde or default_serde(allowed_msgpack_modules))
+        if isinstance(max_item_bytes, bool) or not isinstance(max_item_bytes, int) or max_item_bytes <= 0:
+            raise InvalidArgumentError("max_item_bytes", f"must be a positive int, got {max_item_bytes!r}")
         self.backend = backend
         self.user = None if user is None else validate_user(user)
         self.require_user = require_user
         self.max_item_bytes = max_item_bytes
+        self.integrity = Integrity(integrity_key, accept_unsealed=accept_unsealed)
+        self.strict_writes = strict_writes
+        self.on_write_mismatch = on_write_mismatch
         self._acting: ContextVar[str | None] = ContextVar(f"checkpointers_user_{id(self)}", default=None)
         self._partitions: dict[tuple[str, str], Partition] = {}
         self._init_flows()
@@ -127,7 +203,9 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         """Open the backend ``url`` names (``memory://``, ``sqlite:///x.db``, ``redis://``, ``s3://``).
 
         The saver's own keywords (``user``, ``require_user``, ``serde``,
-        ``max_item_bytes``) go to the saver, the others to the backend.
+        ``max_item_bytes``, ``allowed_msgpack_modules``, ``integrity_key``,
+        ``accept_unsealed``, ``strict_writes``, ``on_write_mismatch``) go to
+        the saver, the others to the backend.
         """
         saver, backend = _split(options)
         return Checkpointer(open_backend(url, **backend), **saver)
@@ -140,12 +218,13 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
 
     @contextmanager
     def acting_for(self, user: str) -> Iterator[Checkpointer]:
-        """Within the block, calls that name no user (and views bound to none) act for ``user``.
+        """Within the block, calls of views bound to no user act for ``user``.
 
         The user is kept in a context variable of this saver (shared by its
         views), so it follows the code into tasks and threads started with a
-        copy of the context and is gone after the block. A ``user_id`` in a
-        call's config and a view's binding still win.
+        copy of the context and is gone after the block. Inside it, a config
+        whose ``user_id`` names someone else raises ``IsolationError``, as
+        with a bound view; a view bound to a user keeps its own user.
         """
         token = self._acting.set(validate_user(user))
         try:
@@ -156,14 +235,18 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     # -- who and where ------------------------------------------------------
 
     def _user(self, config: RunnableConfig | None) -> str:
-        configured = (config or {}).get("configurable", {}).get("user_id")
+        configured = self._conf(config).get("user_id") if config else None
+        bound = self.user if self.user is not None else self._acting.get()
+        if bound is not None:
+            if configured is not None and configured != bound:
+                raise IsolationError(
+                    f"this checkpointer is bound to user {bound!r:.60}, and the config names user "
+                    f"{configured!r:.60}: a bound view serves its own user only (nothing was read or "
+                    f"written). Use for_user({configured!r:.60}) for that user, or drop user_id from the config."
+                )
+            return bound
         if configured is not None:
             return validate_user(configured)
-        if self.user is not None:
-            return self.user
-        acting = self._acting.get()
-        if acting is not None:
-            return acting
         if self.require_user:
             raise IsolationError(
                 "this checkpointer requires a user (require_user=True): put "
@@ -172,9 +255,8 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         return ANONYMOUS_USER
 
     def _partition(self, config: RunnableConfig | None, thread_id: object) -> Partition:
-        if thread_id is None:
-            raise ValueError("the config has no configurable.thread_id; pass one to name the thread")
-        user, thread = self._user(config), str(thread_id)
+        thread = _thread_key(thread_id)
+        user = self._user(config)
         # Every put, put_writes and read names the same few threads again: a
         # cached Partition keeps its encoded key, instead of percent-encoding
         # user, space and thread id into a new one each call (GIL-held CPU
@@ -188,9 +270,16 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         return found
 
     @staticmethod
-    def _conf(config: RunnableConfig) -> Mapping[str, Any]:
+    def _conf(config: RunnableConfig | None) -> Mapping[str, Any]:
         """The config's ``configurable`` section (read only: never modified)."""
-        return config.get("configurable") or {}
+        if config is None:
+            return {}
+        if not isinstance(config, Mapping):
+            raise InvalidArgumentError("config", f"must be a dict (a RunnableConfig), got {type(config).__name__}")
+        conf = config.get("configurable") or {}
+        if not isinstance(conf, Mapping):
+            raise InvalidArgumentError("configurable", f"must be a dict, got {type(conf).__name__}")
+        return conf
 
     def _tuple(self, found: Found, thread_id: object, config: RunnableConfig | None) -> CheckpointTuple:
         extra: dict[str, Any] = {}
@@ -220,7 +309,11 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     def _get_tuple_flow(self, config: RunnableConfig) -> Flow[CheckpointTuple | None]:
         conf = self._conf(config)
         p = self._partition(config, conf.get("thread_id"))
-        found = yield from self.get_flow(p, conf.get("checkpoint_ns", ""), conf.get("checkpoint_id"))
+        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        cid = conf.get("checkpoint_id")
+        if cid is not None:
+            cid = _text("configurable.checkpoint_id", cid)
+        found = yield from self.get_flow(p, ns, cid)
         return None if found is None else self._tuple(found, conf["thread_id"], config)
 
     def _list_flow(
@@ -230,14 +323,24 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> Flow[list[CheckpointTuple]]:
-        conf = self._conf(config) if config else {}
+        conf = self._conf(config)
         user = self._user(config)
         thread_id = conf.get("thread_id")
-        parts = None if thread_id is None else [Partition(user, SPACE, str(thread_id))]
+        parts = None if thread_id is None else [self._partition(config, thread_id)]
         before_id = self._conf(before).get("checkpoint_id") if before else None
-        found = yield from self.list_flow(
-            parts, user, conf.get("checkpoint_ns"), conf.get("checkpoint_id"), filter, before_id, limit
-        )
+        if before_id is not None:
+            before_id = _text("before.configurable.checkpoint_id", before_id)
+        ns = conf.get("checkpoint_ns")
+        if ns is not None:
+            ns = _text("configurable.checkpoint_ns", ns)
+        cid = conf.get("checkpoint_id")
+        if cid is not None:
+            cid = _text("configurable.checkpoint_id", cid)
+        if filter is not None and not isinstance(filter, Mapping):
+            raise InvalidArgumentError("filter", f"must be a dict or None, got {type(filter).__name__}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidArgumentError("limit", f"must be None or an int, got {limit!r}")
+        found = yield from self.list_flow(parts, user, ns, cid, filter, before_id, limit)
         return [self._tuple(f, f.thread if thread_id is None else thread_id, config) for f in found]
 
     def _put_flow(
@@ -249,9 +352,15 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     ) -> Flow[RunnableConfig]:
         conf = self._conf(config)
         p = self._partition(config, conf.get("thread_id"))
-        ns = conf.get("checkpoint_ns", "")
+        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        parent = conf.get("checkpoint_id")
+        if parent is not None:
+            parent = _text("configurable.checkpoint_id", parent)
+        if not isinstance(checkpoint, Mapping):
+            raise InvalidArgumentError("checkpoint", f"must be a dict, got {type(checkpoint).__name__}")
+        _text("checkpoint['id']", checkpoint.get("id"))
         merged = get_checkpoint_metadata(config, metadata)
-        yield from self.put_flow(p, ns, conf.get("checkpoint_id"), checkpoint, merged, new_versions)
+        yield from self.put_flow(p, ns, parent, checkpoint, merged, new_versions)
         out: dict[str, Any] = {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         if conf.get("user_id") is not None:
             out["user_id"] = conf["user_id"]
@@ -262,9 +371,19 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     ) -> Flow[None]:
         conf = self._conf(config)
         p = self._partition(config, conf.get("thread_id"))
-        yield from self.put_writes_flow(
-            p, conf.get("checkpoint_ns", ""), conf["checkpoint_id"], writes, task_id, task_path
-        )
+        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        cid = conf.get("checkpoint_id")
+        if cid is None:
+            raise InvalidArgumentError(
+                "configurable.checkpoint_id", "put_writes needs the id of the checkpoint the writes belong to"
+            )
+        cid = _text("configurable.checkpoint_id", cid)
+        task_id = _text("task_id", task_id)
+        task_path = _text("task_path", task_path, "")
+        for i, write in enumerate(writes):
+            if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
+                raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
+        yield from self.put_writes_flow(p, ns, cid, writes, task_id, task_path)
 
     def _delete_thread_flow(self, thread_id: str) -> Flow[None]:
         p = self._partition(None, thread_id)
@@ -278,6 +397,8 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     def _prune_flow(self, thread_ids: Sequence[str], strategy: str) -> Flow[None]:
         if strategy not in _STRATEGIES:
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+        if isinstance(thread_ids, (str, bytes)):
+            raise InvalidArgumentError("thread_ids", "must be a list of thread ids, not one string")
         parts = [self._partition(None, t) for t in thread_ids]
         for p in parts:
             if strategy == "delete":
@@ -287,6 +408,8 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
                 yield from self.prune_flow(p)
 
     def _delete_for_runs_flow(self, run_ids: Sequence[str]) -> Flow[None]:
+        if isinstance(run_ids, (str, bytes)):
+            raise InvalidArgumentError("run_ids", "must be a list of run ids, not one string")
         user = self._user(None)
         yield from self.delete_runs_flow(user, run_ids)
         with self._recent_lock:
@@ -332,9 +455,13 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's writes atomically; regular writes are append-only.
 
-        Writing the same regular write again is a no-op; a different value
-        raises :class:`~checkpointers.errors.StepMismatchError`. Special
-        writes (errors, interrupts, resumes) are last-writer-wins.
+        A regular write whose (checkpoint, task, idx) is stored already keeps
+        the stored value, as in LangGraph's own savers (the runtime re-writes
+        them in ``update_state``, forks and resumes); a *different* value is
+        reported (logged, counted, ``on_write_mismatch``) and, with
+        ``strict_writes=True`` and a task path (a recomputation), raised as
+        :class:`~checkpointers.errors.StepMismatchError`. Special writes
+        (errors, interrupts, resumes) are last-writer-wins.
         """
         run(self._put_writes_flow(config, writes, task_id, task_path), self.backend)
 

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._flows import Flow, GetOp, ListOp, arun, delete_present_flow, make_put, run, verified, write_flow
+from ._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, run, write_flow
+from ._integrity import Integrity, IntegrityKeys
 from ._names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
@@ -37,7 +38,7 @@ from ._names import (
     validate_user,
 )
 from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record
-from .errors import CorruptItemError, IsolationError
+from .errors import CorruptItemError, InvalidArgumentError, IsolationError, UnserializableValueError
 
 __all__ = ["Batch", "Item", "Store", "STEP_PREFIX"]
 
@@ -51,8 +52,8 @@ class Item:
     """A stored item as callers see it.
 
     ``value`` is ``bytes`` if bytes were stored, else the decoded JSON value.
-    ``etag`` changes on every write; ``digest`` is the SHA-256 of the stored
-    bytes; ``seq`` is the store-assigned write sequence (higher = newer).
+    ``etag`` changes on every write; ``digest`` is the SHA-256 (hex) of the
+    stored bytes; ``seq`` is the store-assigned write sequence (higher = newer).
     """
 
     scope: str
@@ -76,12 +77,13 @@ def encode_value(key: str, value: Any, limit: int) -> bytes:
         try:
             payload = json.dumps(
                 value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
-            ).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"item {key!r}: value of type {type(value).__name__} is neither bytes nor "
-                f"JSON-serializable ({exc}); nothing was written"
-            ) from exc
+            ).encode("utf-8", "strict")
+        except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            raise UnserializableValueError(
+                f"item {key!r}",
+                f"a value of type {type(value).__name__} is neither bytes nor JSON-serializable: {reason}",
+            ) from None
         marker = _JSON
     check_size(key, len(payload), limit)
     return marker + payload
@@ -104,16 +106,44 @@ def _name(key: str) -> str:
     return "i/" + encode_prefixable(key)
 
 
-def _to_item(scope: str, key: str, record: Record) -> Item:
-    record = verified(record, key)
+def _to_item(integrity: Integrity, partition: Partition, scope: str, key: str, record: Record) -> Item:
+    record = integrity.check(partition, record, key)
     return Item(
-        scope, key, decode_value(key, record.value), dict(record.tags), record.etag, record.digest, record.seq
+        scope,
+        key,
+        decode_value(key, record.value),
+        dict(record.tags),
+        record.etag,
+        record.digest.split(".", 1)[0],
+        record.seq,
     )
 
 
 def _key_of(record: Record) -> str:
     """The caller's key of an item record (inverse of :func:`_name`)."""
-    return decode_component(record.name[2:])  # type: ignore[return-value]
+    key = decode_component(record.name[2:]) if record.name.startswith("i/_") else None
+    if key is None:
+        raise CorruptItemError(record.name, "not the name of an item record")
+    return key
+
+
+def _check_etag(if_match: object) -> str | None:
+    """``if_match`` must be None or a non-empty etag string."""
+    if if_match is None:
+        return None
+    if not isinstance(if_match, str) or not if_match:
+        raise InvalidArgumentError(
+            "if_match", f"must be a non-empty etag string from a stored item, or None; got {if_match!r}"
+        )
+    return if_match
+
+
+def _check_limit(limit: object) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgumentError("limit", f"must be None or an int >= 0, got {limit!r}")
+    return limit
 
 
 class Batch:
@@ -128,6 +158,8 @@ class Batch:
     def __init__(self, store: Store, scope: str) -> None:
         self._store = store
         self.scope = validate_scope(scope)
+        self._partition = store.partition(self.scope)
+        self._names: set[str] = set()
         self._puts: list[Put] = []
         self._deletes: list[Delete] = []
         self._put_labels: list[str] = []
@@ -143,7 +175,8 @@ class Batch:
         self, key: str, value: Any, *, tags: Mapping[str, str] | None = None, if_match: str | None = None
     ) -> Batch:
         """Add an upsert, or an etag-checked write when ``if_match`` is given."""
-        return self._put(key, value, tags, Mode.IF_MATCH if if_match else Mode.UPSERT, if_match)
+        if_match = _check_etag(if_match)
+        return self._put(key, value, tags, Mode.UPSERT if if_match is None else Mode.IF_MATCH, if_match)
 
     def append_step(self, step: str, value: Any, *, tags: Mapping[str, str] | None = None) -> Batch:
         """Add an append-only write of ``steps/<step>``."""
@@ -152,27 +185,42 @@ class Batch:
     def delete(self, key: str, *, if_match: str | None = None) -> Batch:
         """Add a delete (absent is fine unless ``if_match`` is given)."""
         validate_key(key)
-        self._deletes.append(Delete(_name(key), if_match))
+        self._deletes.append(Delete(self._claim(key), _check_etag(if_match)))
         self._delete_labels.append(key)
         return self
+
+    def _claim(self, key: str) -> str:
+        """The record name of ``key``; a key named twice in one batch is refused here."""
+        name = _name(key)
+        if name in self._names:
+            raise InvalidArgumentError(
+                "key", f"{key!r} is already in this batch; a batch may name each key once"
+            )
+        self._names.add(name)
+        return name
 
     def _put(self, key: str, value: Any, tags: Any, mode: Mode, if_match: str | None) -> Batch:
         validate_key(key)
         tags = check_tags(key, tags)
         data = encode_value(key, value, self._store.max_item_bytes)
-        self._puts.append(make_put(_name(key), data, tags=tags, mode=mode, if_match=if_match))
+        name = self._claim(key)
+        put = self._store.integrity.put(
+            self._partition, name, data, etag=new_etag(), tags=tags, mode=mode, if_match=if_match
+        )
+        self._puts.append(put)
         self._put_labels.append(key)
         return self
 
     def flow(self) -> Flow[list[Item]]:
         """The write flow of this batch (used by ``Store.batch``/``abatch``)."""
         records = yield from write_flow(
-            self._store.partition(self.scope),
+            self._partition,
             self._puts,
             self._deletes,
             self._put_labels + self._delete_labels,
         )
-        self.items = [_to_item(self.scope, k, r) for k, r in zip(self._put_labels, records)]
+        integrity = self._store.integrity
+        self.items = [_to_item(integrity, self._partition, self.scope, k, r) for k, r in zip(self._put_labels, records)]
         return self.items
 
     def __enter__(self) -> Batch:
@@ -196,6 +244,12 @@ class Store:
     ``max_item_bytes`` caps each serialized value (default 1 MiB).
     ``require_user=True`` makes the unbound store refuse every call with
     :class:`IsolationError` until ``for_user()`` names a user.
+    ``integrity_key`` (one secret, or a list: the first signs, all verify;
+    default: the ``CHECKPOINTERS_INTEGRITY_KEY`` environment variable) makes
+    every record's seal an HMAC that storage-level writers cannot forge;
+    without it the seal still binds each record to its place (see
+    :mod:`checkpointers._integrity`). ``accept_unsealed`` reads records
+    without a trustworthy seal (default: only without a key).
     """
 
     def __init__(
@@ -205,18 +259,26 @@ class Store:
         user: str | None = None,
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         require_user: bool = False,
+        integrity_key: IntegrityKeys = None,
+        accept_unsealed: bool | None = None,
+        integrity: Integrity | None = None,
     ) -> None:
-        if max_item_bytes <= 0:
-            raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        if isinstance(max_item_bytes, bool) or not isinstance(max_item_bytes, int) or max_item_bytes <= 0:
+            raise InvalidArgumentError("max_item_bytes", f"must be a positive int, got {max_item_bytes!r}")
         self.backend = backend
         self.user = None if user is None else validate_user(user)
         self.max_item_bytes = max_item_bytes
         self.require_user = require_user
+        self.integrity = integrity or Integrity(integrity_key, accept_unsealed=accept_unsealed)
 
     def for_user(self, user: str) -> Store:
-        """A view of the same backend bound to ``user`` (shares connections)."""
+        """A view of the same backend bound to ``user`` (shares connections and integrity keys)."""
         return Store(
-            self.backend, user=user, max_item_bytes=self.max_item_bytes, require_user=self.require_user
+            self.backend,
+            user=user,
+            max_item_bytes=self.max_item_bytes,
+            require_user=self.require_user,
+            integrity=self.integrity,
         )
 
     def partition(self, scope: str) -> Partition:
@@ -234,8 +296,9 @@ class Store:
     def _get_flow(self, scope: str, key: str) -> Flow[Item | None]:
         validate_scope(scope)
         validate_key(key)
-        (record,) = yield GetOp(self.partition(scope), [_name(key)])
-        return None if record is None else _to_item(scope, key, record)
+        partition = self.partition(scope)
+        (record,) = yield GetOp(partition, [_name(key)])
+        return None if record is None else _to_item(self.integrity, partition, scope, key, record)
 
     def _single_flow(self, batch: Batch) -> Flow[Item]:
         items = yield from batch.flow()
@@ -244,6 +307,7 @@ class Store:
     def _delete_flow(self, scope: str, key: str, if_match: str | None) -> Flow[bool]:
         validate_scope(scope)
         name = _name(validate_key(key))
+        if_match = _check_etag(if_match)
         partition = self.partition(scope)
         if if_match is not None:  # refused unless the item is there with that etag
             yield from write_flow(partition, [], [Delete(name, if_match)], [key])
@@ -262,8 +326,8 @@ class Store:
         if prefix:
             validate_key(prefix)
         tags = check_tags(prefix or "<query>", tags)
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+        limit = _check_limit(limit)
+        partition = self.partition(scope)
         query = ListQuery(
             prefix=_name(prefix) if prefix else "i/_",
             order="seq",
@@ -271,8 +335,8 @@ class Store:
             limit=limit,
             tags=tags,
         )
-        records = yield ListOp(self.partition(scope), query)
-        return [_to_item(scope, _key_of(r), r) for r in records]
+        records = yield ListOp(partition, query)
+        return [_to_item(self.integrity, partition, scope, _key_of(r), r) for r in records]
 
     # -- sync API ---------------------------------------------------------
 

@@ -12,6 +12,8 @@ MODULES = [
     "checkpointers.store",
     "checkpointers.savers",
     "checkpointers.backends.sqlite",
+    "checkpointers._integrity",
+    "checkpointers._serde",
 ]
 
 

@@ -26,6 +26,7 @@ from tests.graph_apps import (
     nested_graph,
 )
 
+from checkpointers.errors import IsolationError
 from checkpointers.savers import Checkpointer
 
 
@@ -119,17 +120,22 @@ def test_nested_subgraph_user_from_config(base: Any) -> None:
 
     ``get_state(subgraphs=True)`` rebuilds sub-configs without custom keys, so
     the caller names the user for those reads with ``acting_for``; the run
-    itself carries ``user_id`` everywhere. Another user on the same thread id
-    sees nothing, even inside the first user's ``acting_for`` block.
+    itself carries ``user_id`` everywhere. Inside the first user's
+    ``acting_for`` block a config naming another user is refused, as by a
+    bound view; outside it, that user sees nothing on the same thread id.
     """
     graph = nested_graph(base)
     user = f"alice-{uuid.uuid4().hex[:6]}"
     config = thread(user_id=user)
+    other: RunnableConfig = {"configurable": {**config["configurable"], "user_id": user + "2"}}
     with base.acting_for(user):
         _run_nested(graph, config, "sync")
-        other: RunnableConfig = {"configurable": {**config["configurable"], "user_id": user + "2"}}
-        assert graph.get_state(other, subgraphs=True).values == {}
-        assert list(graph.get_state_history(other)) == []
+        with pytest.raises(IsolationError):
+            graph.get_state(other, subgraphs=True)
+        with pytest.raises(IsolationError):
+            list(graph.get_state_history(other))
+    assert graph.get_state(other, subgraphs=True).values == {}
+    assert list(graph.get_state_history(other)) == []
     # Outside the block the sub-configs fall back to the anonymous space: nothing there.
     bare: RunnableConfig = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
     assert graph.get_state(bare, subgraphs=True).values == {}

@@ -8,6 +8,7 @@ isolation with hostile ids.
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from checkpointers.savers import (
     RedisCheckpointer,
     S3Checkpointer,
     SqliteCheckpointer,
+    WriteMismatch,
 )
 
 # -- helpers ------------------------------------------------------------------
@@ -134,13 +136,18 @@ def test_pending_writes_come_back_in_writes_sort_key_order(saver: Checkpointer) 
     assert [w[2] for w in tup.pending_writes] == ["input", "a0", "b0", "b1"]
 
 
-def test_write_reputs_identical_ok_different_raises_special_upserts(saver: Checkpointer, backend: Backend, user: str) -> None:
+def test_write_reputs_identical_ok_different_kept_and_reported_special_upserts(
+    saver: Checkpointer, backend: Backend, user: str
+) -> None:
+    seen: list[WriteMismatch] = []
+    saver.on_write_mismatch = seen.append
     stored = put(saver, cfg("t"), x=1)
     saver.put_writes(stored, [("ch", "v")], "task")
     saver.put_writes(stored, [("ch", "v")], "task")  # the runtime re-saves: a no-op
-    with pytest.raises(StepMismatchError) as info:
-        saver.put_writes(stored, [("ch", "other")], "task")
-    assert info.value.stored_digest != info.value.new_digest
+    assert seen == [] and saver.write_mismatches == 0
+    saver.put_writes(stored, [("ch", "other")], "task")  # update_state / resume: the first write is kept
+    assert [(m.kind, m.idx, m.stored_channel, m.new_channel) for m in seen] == [("edit", 0, "ch", "ch")]
+    assert seen[0].stored_digest != seen[0].new_digest and saver.write_mismatches == 1
     saver.put_writes(stored, [(INTERRUPT, "first")], "task")
     saver.put_writes(stored, [(INTERRUPT, "second")], "task")
     tup = saver.get_tuple(stored)
@@ -149,13 +156,28 @@ def test_write_reputs_identical_ok_different_raises_special_upserts(saver: Check
     assert len(records(backend, user, "t", "c/", depth=3)) == 2
 
 
-def test_put_writes_is_one_atomic_batch(saver: Checkpointer) -> None:
+def test_strict_writes_raise_on_a_recomputation_that_differs(saver: Checkpointer) -> None:
+    strict = copy.copy(saver)
+    strict.strict_writes = True
+    stored = put(strict, cfg("t"), x=1)
+    strict.put_writes(stored, [("a", 1)], "task", "~path")
+    strict.put_writes(stored, [("a", 1)], "task", "~path")  # identical: a no-op
+    with pytest.raises(StepMismatchError) as info:
+        strict.put_writes(stored, [("a", 2), ("b", 3)], "task", "~path")  # idx 0 differs: idx 1 not written either
+    assert info.value.stored_digest != info.value.new_digest
+    tup = strict.get_tuple(stored)
+    assert tup is not None and tup.pending_writes == [("task", "a", 1)]
+    strict.put_writes(stored, [("a", 5)], "task")  # no task path: an edit, kept-first even when strict
+    assert strict.get_tuple(stored).pending_writes == [("task", "a", 1)]  # type: ignore[union-attr]
+
+
+def test_put_writes_keeps_stored_writes_and_adds_new_ones(saver: Checkpointer) -> None:
     stored = put(saver, cfg("t"), x=1)
     saver.put_writes(stored, [("a", 1)], "task")
-    with pytest.raises(StepMismatchError):
-        saver.put_writes(stored, [("a", 2), ("b", 3)], "task")  # idx 0 differs: idx 1 not written either
+    saver.put_writes(stored, [("a", 2), ("b", 3)], "task")  # idx 0 is stored: kept; idx 1 is new: written
     tup = saver.get_tuple(stored)
-    assert tup is not None and tup.pending_writes == [("task", "a", 1)]
+    assert tup is not None and tup.pending_writes == [("task", "a", 1), ("task", "b", 3)]
+    assert saver.write_mismatches == 1
 
 
 def test_checkpoint_record_is_append_only(saver: Checkpointer) -> None:
@@ -287,8 +309,10 @@ def test_bound_views_manage_only_their_own_threads(backend: Backend) -> None:
     assert list(alice.list(None)) == []
     assert len(list(bob.list(None))) == 5
 
-    # the config's user_id wins over the binding, for reads and writes alike
-    assert len(list(alice.list(cfg("t", user_id=bob.user)))) == 3
+    # a bound view is authoritative: a config naming another user is refused before any I/O
+    with pytest.raises(IsolationError, match="bound to user"):
+        list(alice.list(cfg("t", user_id=bob.user)))
+    assert list(alice.list(cfg("t", user_id=alice.user))) == []  # naming the view's own user is fine
 
 
 async def test_async_twins_manage_threads_too(saver: Checkpointer) -> None:
@@ -391,9 +415,11 @@ def test_writes_of_one_call_are_packed_under_the_cap(backend: Backend, user: str
          ("other", "d", 1), ("other", "e", 2)]
     )
     small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", values[2])], "task")  # a re-save: no-op
-    with pytest.raises(StepMismatchError):
-        small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", "changed")], "task")
+    assert small.write_mismatches == 0
+    small.put_writes(stored, [("a", values[0]), ("b", values[1]), ("c", "changed")], "task")  # kept, reported
+    assert small.write_mismatches == 1
     assert len(records(backend, user, "t", "c/", depth=3)) == 4
+    assert ("task", "c", values[2]) in small.get_tuple(cfg("t")).pending_writes  # type: ignore[union-attr]
 
 
 def test_unserializable_value_gives_a_clear_error_and_stores_nothing(saver: Checkpointer, backend: Backend, user: str) -> None:
@@ -476,7 +502,8 @@ def test_format_2_writes_under_w_still_read_and_removed(saver: Checkpointer, bac
         backend.write(part, [Put(rec.name, data, digest(data), new_etag(), dict(rec.tags), Mode.UPSERT)])
     for rec in records(backend, user, "t", "c/", depth=3):  # ... with their writes where 0.2 put them
         old = "w/" + rec.name[len("c/") :]
-        backend.write(part, [Put(old, rec.value, rec.digest, new_etag(), {}, Mode.APPEND)], [Delete(rec.name)])
+        # as 0.1 wrote them: a bare content digest, no seal (a moved sealed record would fail its seal)
+        backend.write(part, [Put(old, rec.value, digest(rec.value), new_etag(), {}, Mode.APPEND)], [Delete(rec.name)])
     saver.put_writes(second, [("c", "new")], "other")  # written after the upgrade: the new layout
     fresh = Checkpointer(backend).for_user(user)
     tup = fresh.get_tuple(cfg("t"))
@@ -533,7 +560,7 @@ def test_altered_bytes_raise_corrupt_item_error(
 def test_undecodable_record_raises_corrupt_item_error(saver: Checkpointer, backend: Backend, user: str) -> None:
     put(saver, cfg("t"), x=1)
     _tamper(backend, user, "t", "c/", value=b"\x06pickle" + b"\x80\x04K\x01.")  # never unpickled
-    with pytest.raises(CorruptItemError, match="cannot be decoded"):
+    with pytest.raises(CorruptItemError, match="'pickle' is never decoded"):
         saver.get_tuple(cfg("t"))
 
 
@@ -653,8 +680,9 @@ async def test_acting_for_names_the_user_of_calls_without_one(backend: Backend) 
     with root.acting_for(alice) as acting:
         tup = acting.get_tuple(cfg("t"))  # a config with no user_id, as get_state(subgraphs=True) builds
         assert tup is not None and tup.checkpoint["channel_values"] == {"x": "alice's"}
-        assert root.get_tuple(cfg("t", user_id=bob)) is None  # the config still wins
-        assert root.for_user(bob).get_tuple(cfg("t")) is None  # and so does a binding
+        with pytest.raises(IsolationError):  # inside the block, as for a bound view: no other user
+            root.get_tuple(cfg("t", user_id=bob))
+        assert root.for_user(bob).get_tuple(cfg("t")) is None  # a view's own binding wins
         assert (await asyncio.create_task(root.aget_tuple(cfg("t")))) is not None  # tasks inherit it
     with pytest.raises(IsolationError):
         root.get_tuple(cfg("t"))

@@ -1,0 +1,147 @@
+"""The saver's default serializer: LangGraph's msgpack format, decoding an allowlist only.
+
+``JsonPlusSerializer`` rebuilds objects named in the bytes it reads: a msgpack
+extension holding ``["os", "system", "touch /tmp/x"]`` makes it import ``os``
+and call ``os.system`` (langgraph-checkpoint 4.3 still does by default, with
+a warning; GHSA-g48c-2wqr-h844 is this class of bug). A checkpoint store is
+written by more than one party (other services, backups, anyone with write
+access to the bucket or the database), so stored bytes must never name code
+to run.
+
+:class:`SafeSerializer` writes exactly what ``JsonPlusSerializer`` writes and
+reads it back, but decoding rebuilds only LangGraph's own safe types
+(``SAFE_MSGPACK_TYPES``: messages, ``Send``, ``Interrupt``, datetimes, UUIDs,
+...) and the ``(module, name)`` pairs given in ``allowed_msgpack_modules``.
+Any other type is **never imported**: the load fails with
+:class:`~checkpointers.errors.DisallowedTypeError` (a ``CorruptItemError``)
+naming the type and the argument that allows it.
+
+Why an error and not LangGraph's strict-mode convention of returning the raw
+constructor arguments: a checkpoint whose state silently turns from
+``MyState(...)`` into a dict resumes a graph with the wrong types, far from
+the cause; the error names the type at the load that met it. Only
+``null``/``bytes``/``bytearray``/``msgpack`` frames are read: never pickle,
+never the legacy ``json`` frames (this library never wrote them).
+
+>>> import ormsgpack
+>>> from langgraph.checkpoint.serde.jsonplus import EXT_CONSTRUCTOR_SINGLE_ARG
+>>> evil = ormsgpack.packb(ormsgpack.Ext(EXT_CONSTRUCTOR_SINGLE_ARG, ormsgpack.packb(["os", "system", "true"])))
+>>> SafeSerializer().loads_typed(("msgpack", evil))
+Traceback (most recent call last):
+...
+checkpointers.errors.DisallowedTypeError: stored item '<value>' names type os.system, which is not in the decoding allowlist; it was not imported. If it is a type of yours, pass allowed_msgpack_modules=[('os', 'system')] to the checkpointer
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ormsgpack
+from langgraph.checkpoint.serde import _msgpack as _lg_msgpack
+from langgraph.checkpoint.serde import jsonplus as _jsonplus
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from .errors import CorruptItemError, DisallowedTypeError, InvalidArgumentError
+
+__all__ = ["AllowedTypes", "SafeSerializer"]
+
+#: ``(module, name)`` pairs, or classes, that decoding may rebuild besides LangGraph's safe types.
+AllowedTypes = Iterable[tuple[str, str] | type]
+
+_TYPE_EXTS = frozenset(
+    getattr(_jsonplus, n)
+    for n in (
+        "EXT_CONSTRUCTOR_SINGLE_ARG",
+        "EXT_CONSTRUCTOR_POS_ARGS",
+        "EXT_CONSTRUCTOR_KW_ARGS",
+        "EXT_PYDANTIC_V1",
+        "EXT_PYDANTIC_V2",
+    )
+    if hasattr(_jsonplus, n)
+)
+_METHOD_EXT = getattr(_jsonplus, "EXT_METHOD_SINGLE_ARG", None)
+_READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
+
+
+def _normalize(allowed: AllowedTypes | None) -> frozenset[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for entry in allowed or ():
+        if isinstance(entry, type):
+            out.add((entry.__module__, entry.__qualname__))
+        elif (
+            isinstance(entry, (tuple, list))
+            and len(entry) == 2
+            and all(isinstance(part, str) and part for part in entry)
+        ):
+            out.add((entry[0], entry[1]))
+        else:
+            raise InvalidArgumentError(
+                "allowed_msgpack_modules",
+                f"each entry must be a class or a (module, name) pair of strings, got {entry!r}",
+            )
+    return frozenset(out)
+
+
+class SafeSerializer(JsonPlusSerializer):
+    """``JsonPlusSerializer`` (no pickle) whose decoding never imports a type outside an allowlist.
+
+    Args:
+        allowed_msgpack_modules: extra types decoding may rebuild, as classes
+            or ``(module, name)`` pairs (``("my_app.models", "MyState")``).
+    """
+
+    def __init__(self, allowed_msgpack_modules: AllowedTypes | None = None) -> None:
+        allowed = _normalize(allowed_msgpack_modules)
+        self.allowed_types = allowed
+        # LangGraph's own strict hook does the rebuilding once a type passed our check.
+        rebuild = JsonPlusSerializer(
+            pickle_fallback=False, allowed_msgpack_modules=tuple(allowed) or None
+        )._unpack_ext_hook
+        self._blocked = threading.local()
+        super().__init__(pickle_fallback=False, __unpack_ext_hook__=self._hook_for(allowed, rebuild))
+
+    def _hook_for(
+        self, allowed: frozenset[tuple[str, str]], rebuild: Callable[[int, bytes], Any]
+    ) -> Callable[[int, bytes], Any]:
+        safe_types = _lg_msgpack.SAFE_MSGPACK_TYPES
+        safe_methods = _lg_msgpack.SAFE_MSGPACK_METHODS
+        blocked = self._blocked
+
+        def hook(code: int, data: bytes) -> Any:
+            if code in _TYPE_EXTS or code == _METHOD_EXT:
+                # Read the type name (and check nested values) before anything is imported.
+                tup = ormsgpack.unpackb(data, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+                module, name = str(tup[0]), str(tup[1])
+                if code == _METHOD_EXT:
+                    ok = (module, name, str(tup[3])) in safe_methods
+                else:
+                    ok = (module, name) in safe_types or (module, name) in allowed
+                if not ok:
+                    blocked.type = (module, name)
+                    raise ValueError("type not in the allowlist")
+            return rebuild(code, data)
+
+        return hook
+
+    def with_msgpack_allowlist(self, extra_allowlist: Iterable[tuple[str, ...] | type]) -> SafeSerializer:
+        """A copy that also allows ``extra_allowlist`` (LangGraph calls this for graph state types)."""
+        extra = [e for e in extra_allowlist if isinstance(e, type) or len(e) == 2]
+        merged = self.allowed_types | _normalize(extra)  # type: ignore[arg-type]
+        return self if merged == self.allowed_types else SafeSerializer(merged)
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        """Decode one frame; a type outside the allowlist raises :class:`DisallowedTypeError`."""
+        kind = data[0]
+        if kind not in _READ_FRAMES:
+            raise CorruptItemError("<value>", f"serialization type {kind!r} is never decoded by this saver")
+        self._blocked.type = None
+        try:
+            return super().loads_typed(data)
+        except Exception:
+            found = self._blocked.type
+            if found is not None:
+                self._blocked.type = None
+                raise DisallowedTypeError("<value>", *found) from None
+            raise

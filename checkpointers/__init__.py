@@ -12,15 +12,19 @@ from .errors import (
     CheckpointerError,
     ConcurrencyError,
     CorruptItemError,
+    DisallowedTypeError,
+    InvalidArgumentError,
     InvalidNameError,
     IsolationError,
     ItemTooLargeError,
     StepMismatchError,
     TooManyTagsError,
+    UnserializableValueError,
 )
+from ._integrity import Integrity
 from .store import Batch, Item, Store
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _SAVERS = ("Checkpointer", "MemoryCheckpointer", "RedisCheckpointer", "S3Checkpointer", "SqliteCheckpointer")
 
@@ -42,6 +46,9 @@ __all__ = [
     "CheckpointerError",
     "ConcurrencyError",
     "CorruptItemError",
+    "DisallowedTypeError",
+    "Integrity",
+    "InvalidArgumentError",
     "InvalidNameError",
     "IsolationError",
     "Item",
@@ -53,6 +60,7 @@ __all__ = [
     "StepMismatchError",
     "Store",
     "TooManyTagsError",
+    "UnserializableValueError",
     "__version__",
     "open_backend",
 ]

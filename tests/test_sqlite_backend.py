@@ -319,6 +319,291 @@ def test_bytes_altered_on_disk_raise_corrupt_item(tmp_path: Path) -> None:
         asyncio.run(read_async())
 
 
+# -- 4b. every column of a row damaged, on every read path ----------------------------------
+
+#: Records of ``P`` the damage tests start from: a tagged record with a child, and others.
+DAMAGE_SEED = [("a", {"kind": "plan"}), ("a/w", {}), ("b", {"kind": "plan"}), ("c", {})]
+
+
+def _loosen(conn: sqlite3.Connection) -> None:
+    """Rebuild ``records`` without NOT NULL or column types: a hand-edited or crafted file.
+
+    The schema's constraints and type affinities keep some damage out (an
+    integer etag becomes text, NULL is refused); a file is not bound to them.
+    """
+    conn.executescript(
+        """
+        ALTER TABLE records RENAME TO records_old;
+        CREATE TABLE records (pkey, name, seq, etag, digest, tags, value, PRIMARY KEY (pkey, name));
+        INSERT INTO records (rowid, pkey, name, seq, etag, digest, tags, value) SELECT rowid, * FROM records_old;
+        DROP TABLE records_old;
+        CREATE INDEX records_seq ON records (pkey, seq);
+        """
+    )
+
+
+#: (id, SQL assignment damaging one column of one record, needs _loosen). ``{name}`` is the record.
+COLUMN_DAMAGE = [
+    ("tags-not-json", "tags = '{not json'", False),
+    ("tags-a-list", "tags = '[1,2]'", False),
+    ("tags-non-string-value", "tags = '{\"kind\":1}'", False),
+    ("tags-null-json", "tags = 'null'", False),
+    ("tags-a-json-string", "tags = '\"kind\"'", False),
+    ("tags-a-blob", "tags = CAST('{}' AS BLOB)", False),
+    ("tags-bad-utf8-blob", "tags = x'7bff7d'", False),
+    ("tags-null", "tags = NULL", True),
+    ("seq-text", "seq = 'notanint'", False),
+    ("seq-real", "seq = 1.5", False),
+    ("seq-blob", "seq = x'00'", False),
+    ("seq-null", "seq = NULL", True),
+    ("etag-blob", "etag = x'00'", False),
+    ("etag-null", "etag = NULL", True),
+    ("etag-int", "etag = 7", True),
+    ("digest-blob", "digest = x'00'", False),
+    ("digest-null", "digest = NULL", True),
+    ("digest-int", "digest = 7", True),
+    ("value-null", "value = NULL", True),
+    ("value-int", "value = 5", False),  # bytes(5) would be five zero bytes
+    ("value-text", "value = 'text'", False),
+    ("name-blob", "name = CAST(name AS BLOB)", False),
+    ("name-null", "name = NULL", True),
+]
+
+
+def _damaged_backend(path: Path, damage: str, loose: bool, target: str = "a") -> SqliteBackend:
+    backend = SqliteBackend(path)
+    backend.write(P, [make_put(n, n.encode() * 10, tags=t) for n, t in DAMAGE_SEED])
+    with sqlite3.connect(path) as conn:
+        if loose:
+            _loosen(conn)
+        assert conn.execute(f"UPDATE records SET {damage} WHERE name = ?", (target,)).rowcount == 1
+    conn.close()
+    return backend
+
+
+#: Every read of ``P`` that meets record "a": (label, query or names). Children listings pick
+#: "a" (depth 0, the root's children) or reach it as a child (picks at depth 1 are none here,
+#: so "a/w" is damaged in its own cases below).
+def _reads(backend: SqliteBackend) -> list[tuple[str, Any]]:
+    q = ListQuery
+    return [
+        ("get", lambda: backend.get(P, ["a"])),
+        ("get of several", lambda: backend.get(P, ["c", "a", "b"])),
+        ("list", lambda: backend.list(P, q())),
+        ("list values=False", lambda: backend.list(P, q(values=False))),
+        ("list by seq, limit", lambda: backend.list(P, q(order="seq", descending=True, limit=10))),
+        ("list by seq, limit, values=False", lambda: backend.list(P, q(order="seq", limit=10, values=False))),
+        ("list by prefix", lambda: backend.list(P, q(prefix="a"))),
+        ("list by tag", lambda: backend.list(P, q(tags={"kind": "plan"}))),
+        ("list by tag, values=False", lambda: backend.list(P, q(tags={"kind": "plan"}, values=False))),
+        ("list by tag and seq, limit", lambda: backend.list(P, q(tags={"kind": "plan"}, order="seq", limit=5))),
+        ("list children", lambda: backend.list(P, q(depth=0, children=True))),
+        ("list children, values=False", lambda: backend.list(P, q(depth=0, children=True, values=False))),
+    ]
+
+
+def _areads(backend: SqliteBackend) -> list[tuple[str, Any]]:
+    q = ListQuery
+    return [
+        ("aget", lambda: backend.aget(P, ["a"])),
+        ("aget of several", lambda: backend.aget(P, ["c", "a", "b"])),
+        ("alist", lambda: backend.alist(P, q())),
+        ("alist values=False", lambda: backend.alist(P, q(values=False))),
+        ("alist by seq, limit", lambda: backend.alist(P, q(order="seq", descending=True, limit=10))),
+        ("alist by tag", lambda: backend.alist(P, q(tags={"kind": "plan"}))),
+        ("alist by tag, values=False", lambda: backend.alist(P, q(tags={"kind": "plan"}, values=False))),
+        ("alist children", lambda: backend.alist(P, q(depth=0, children=True))),
+        ("alist children, values=False", lambda: backend.alist(P, q(depth=0, children=True, values=False))),
+    ]
+
+
+#: Reads that go through the damaged record's row by its name or tags, not by partition:
+#: a row whose name is damaged is not found there (as if absent), but wherever it is met
+#: (a listing of the whole partition) it is refused.
+_BY_NAME = ("get", "aget", "list by prefix", "list by tag", "alist by tag", "list children", "alist children")
+
+
+def _must_refuse(label: str, damage_id: str) -> bool:
+    """Whether this read must see the damage (else it may also return intact records)."""
+    if damage_id.startswith("value-"):  # values=False does not read the value column
+        return "values=False" not in label
+    if damage_id.startswith("name-"):
+        return not label.startswith(_BY_NAME)
+    return True
+
+
+def _expect(label: str, damage_id: str, outcome: Any, target: str = "a") -> None:
+    """A read's outcome: CorruptItemError naming the record, or intact records only."""
+    if isinstance(outcome, CorruptItemError):
+        if damage_id.startswith("name-"):  # the key shows the damaged name (a blob, NULL)
+            assert outcome.key in (repr(target.encode()), "None"), (label, outcome)
+        else:
+            assert outcome.key == target, (label, outcome)
+        return
+    assert not isinstance(outcome, BaseException), f"{label}, {damage_id}: {outcome!r}"
+    assert not _must_refuse(label, damage_id), f"{label}: damaged {damage_id} came back as data: {outcome!r}"
+    seeded = dict(DAMAGE_SEED)
+    for rec in outcome:  # what comes back is intact and each record's own
+        if rec is None:
+            continue
+        assert type(rec.name) is str and type(rec.seq) is int, (label, rec)
+        assert type(rec.etag) is str and type(rec.digest) is str, (label, rec)
+        assert type(rec.value) is bytes and rec.value in (b"", rec.name.encode() * 10), (label, rec)
+        assert rec.tags == seeded[rec.name], (label, rec)
+
+
+@pytest.mark.parametrize("damage_id,damage,loose", COLUMN_DAMAGE, ids=[d[0] for d in COLUMN_DAMAGE])
+def test_each_damaged_column_is_corrupt_item_on_every_sync_read(
+    tmp_path: Path, damage_id: str, damage: str, loose: bool
+) -> None:
+    with _damaged_backend(tmp_path / "d.db", damage, loose) as backend:
+        for label, read in _reads(backend):
+            try:
+                outcome: Any = read()
+            except Exception as exc:  # noqa: BLE001 - the type is what is checked
+                outcome = exc
+            _expect(label, damage_id, outcome)
+
+
+@pytest.mark.parametrize("damage_id,damage,loose", COLUMN_DAMAGE, ids=[d[0] for d in COLUMN_DAMAGE])
+async def test_each_damaged_column_is_corrupt_item_on_every_async_read(
+    tmp_path: Path, damage_id: str, damage: str, loose: bool
+) -> None:
+    backend = _damaged_backend(tmp_path / "d.db", damage, loose)
+    try:
+        for label, read in _areads(backend):
+            try:
+                outcome: Any = await read()
+            except Exception as exc:  # noqa: BLE001
+                outcome = exc
+            _expect(label, damage_id, outcome)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("damage", ["tags = '[1,2]'", "seq = 'notanint'", "value = 5", "etag = x'00'"])
+async def test_a_damaged_child_is_corrupt_item_in_children_listings(tmp_path: Path, damage: str) -> None:
+    backend = _damaged_backend(tmp_path / "d.db", damage, loose=False, target="a/w")
+    try:
+        for values in (True, False):
+            if damage.startswith("value") and not values:
+                continue  # the value column is not read
+            query = ListQuery(depth=0, children=True, values=values)
+            with pytest.raises(CorruptItemError) as info:
+                backend.list(P, query)
+            assert info.value.key == "a/w"
+            with pytest.raises(CorruptItemError) as info:
+                await backend.alist(P, query)
+            assert info.value.key == "a/w"
+        assert [r.name for r in backend.list(P, ListQuery(depth=0))] == ["a", "b", "c"]  # the picks are fine
+    finally:
+        await backend.aclose()
+
+
+def test_a_damaged_row_names_its_record_and_column(tmp_path: Path) -> None:
+    with _damaged_backend(tmp_path / "d.db", "seq = 'notanint', tags = '{\"kind\":1}'", loose=False) as backend:
+        with pytest.raises(CorruptItemError) as info:
+            backend.get(P, ["a"])
+    message = str(info.value)
+    assert info.value.key == "a" and "'a'" in message
+    assert "seq is text 'notanint', not an integer" in message
+    assert "tags is text" in message and "not a JSON object of strings" in message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE tags SET name = 'c' WHERE name = 'a'",  # the index moved to another record
+        "INSERT INTO tags (pkey, name, k, v, seq) SELECT pkey, 'c', k, v, 3 FROM tags WHERE name = 'a'",
+        "UPDATE tags SET v = '\"other\"' WHERE name = 'b'",  # b listed under a value it does not carry
+    ],
+)
+async def test_a_damaged_tag_index_never_lists_a_record_under_tags_it_lacks(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "d.db"
+    backend = SqliteBackend(path)
+    backend.write(P, [make_put(n, n.encode() * 10, tags=t) for n, t in DAMAGE_SEED])
+    with sqlite3.connect(path) as conn:
+        conn.execute(damage)
+    conn.close()
+    tag = {"kind": "other"} if "other" in damage else {"kind": "plan"}
+    try:
+        for query in (ListQuery(tags=tag), ListQuery(tags=tag, values=False, order="seq", limit=3),
+                      ListQuery(tags=tag, depth=0, children=True)):
+            with pytest.raises(CorruptItemError, match="tag index"):
+                backend.list(P, query)
+            with pytest.raises(CorruptItemError, match="tag index"):
+                await backend.alist(P, query)
+    finally:
+        await backend.aclose()
+
+
+#: Damage to a ``partitions`` row: (id, SQL).
+PARTITION_DAMAGE = [
+    ("name-not-utf8", "UPDATE partitions SET name = x'ff' WHERE name = CAST('runs/r1' AS BLOB)"),
+    ("name-text", "UPDATE partitions SET name = 'runs/r1' WHERE name = CAST('runs/r1' AS BLOB)"),
+    ("name-int", "UPDATE partitions SET name = 5 WHERE name = CAST('runs/r1' AS BLOB)"),
+    ("name-another-partitions", "UPDATE partitions SET name = CAST('runs/r2' AS BLOB) WHERE name = CAST('runs/r1' AS BLOB)"),
+    ("row-of-another-user", "UPDATE partitions SET user_key = (SELECT user_key FROM partitions WHERE name = CAST('runs/r1' AS BLOB)) WHERE name = CAST('bobs' AS BLOB)"),
+]
+
+
+@pytest.mark.parametrize("damage", [d[1] for d in PARTITION_DAMAGE], ids=[d[0] for d in PARTITION_DAMAGE])
+async def test_a_damaged_partitions_row_is_corrupt_item(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "d.db"
+    backend = SqliteBackend(path)
+    backend.write(P, [make_put("a", b"1")])
+    if "runs/r2" in damage:  # a real partition of that name exists: still not this row's
+        backend.write(Partition("alice", "items", "runs/r2"), [make_put("a", b"2")])
+    backend.write(Partition("bob", "items", "bobs"), [make_put("a", b"3")])
+    assert backend.partitions("alice", "items") == sorted(["runs/r1"] + (["runs/r2"] if "runs/r2" in damage else []))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute(damage).rowcount == 1
+    conn.close()
+    try:
+        with pytest.raises(CorruptItemError, match="partitions row is damaged"):
+            backend.partitions("alice", "items")
+        with pytest.raises(CorruptItemError, match="partitions row is damaged"):
+            await backend.apartitions("alice", "items")
+    finally:
+        await backend.aclose()
+
+
+def test_writes_over_a_damaged_row_replace_it_or_refuse_and_seqs_stay_intact(tmp_path: Path) -> None:
+    """An upsert or delete replaces a damaged record; a condition on it is refused as corrupt.
+
+    A seq damaged to text sorts above every integer in ``MAX()``: writes must
+    neither fail on it nor count up from it, and ``seq_counter`` never takes it.
+    """
+    path = tmp_path / "d.db"
+    with _damaged_backend(path, "seq = 'notanint', etag = x'00', digest = x'00'", loose=False) as backend:
+        top = max(r.seq for r in backend.list(P, ListQuery(prefix="b")) + backend.list(P, ListQuery(prefix="c")))
+        # appending over it, or a condition on its etag: refused as corrupt, nothing written
+        for put in (make_put("a", b"a" * 10, mode=Mode.APPEND), make_put("a", b"x", mode=Mode.IF_MATCH, if_match="e")):
+            with pytest.raises(CorruptItemError):
+                backend.write(P, [put, make_put("new", b"n")])
+            assert backend.get(P, ["new"]) == [None]
+        with pytest.raises(CorruptItemError):
+            backend.write(P, [], [Delete("a", if_match="e")])
+        # new names count up from the intact seqs (from the memo and from a cold start)
+        seq = backend.write(P, [make_put("d", b"d")]).records[0].seq
+        assert seq == top + 1
+        with SqliteBackend(path) as other:
+            assert other.write(P, [make_put("e", b"e", mode=Mode.CREATE)]).records[0].seq == top + 2
+        # an upsert replaces it
+        fixed = backend.write(P, [make_put("a", b"fixed")]).records[0]
+        assert fixed.seq == top + 3 and backend.get(P, ["a"])[0].value == b"fixed"  # type: ignore[union-attr]
+        # a delete removes one, and a drop a partition holding one
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE records SET seq = 'x', tags = '{' WHERE name IN ('a', 'b')")
+        conn.close()
+        backend.write(P, [], [Delete("a")])
+        assert backend.drop(P) == 5
+        with sqlite3.connect(path) as conn:  # the highest intact seq ("e"); a damaged one is unknown
+            assert conn.execute("SELECT typeof(seq), seq FROM seq_counter").fetchone() == ("integer", top + 2)
+        conn.close()
+        assert backend.write(P, [make_put("f", b"f")]).records[0].seq == top + 3
+
+
 # -- 5. driver errors become library errors -------------------------------------------------
 
 #: Every exception class ``sqlite3`` defines, and whether it means "unavailable".

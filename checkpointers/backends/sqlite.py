@@ -83,6 +83,21 @@ any other ``sqlite3.Error``
                                                help, so they are not disguised
                                                as an outage)
 ===========================================  ===================================
+
+Damaged rows (a file edited by hand, a bad disk, a forged row) are
+:class:`~checkpointers.errors.CorruptItemError` naming the record, on every
+read (``get``, every ``list`` including ``values=False`` and children
+listings, ``partitions``), never a driver or ``json`` error and never a field
+of the wrong type: :func:`_record` checks each column's type (``seq`` an
+integer, ``tags`` a JSON object of strings, ...), a tag query checks that
+what the tag index found carries those tags in its own row, and
+``partitions`` checks each stored name against its partition key. A listing
+with ``values=False`` does not read values, so a damaged value is found when
+it is read. A write does not trip over a damaged row: an upsert or an
+unconditional delete replaces or removes it; a condition on a damaged etag or
+digest fails, and a write that would return the stored record (an append
+no-op, a conflict) raises ``CorruptItemError``; a seq damaged to a
+non-integer is never counted up from nor copied into ``seq_counter``.
 """
 
 from __future__ import annotations
@@ -101,8 +116,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from .._names import Partition
-from ..errors import BackendUnavailableError, CheckpointerError
+from .._names import Partition, encode_component
+from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
 from . import query_options
 from .base import (
     Backend,
@@ -308,8 +323,100 @@ def _unblob(value: bytes) -> str:
 
 
 def _record(row: Sequence[Any]) -> Record:
+    """The :class:`Record` of a ``records`` row; a damaged row raises :class:`CorruptItemError`.
+
+    The hot path of every read: the columns' types are checked with ``type(x)
+    is T`` (no conversion), and the tags column is parsed only when it is not
+    ``"{}"`` (blobs and writes, most records). Only a failing row pays for
+    finding out what is wrong with it (:func:`_damaged`). Never returns
+    another type than the schema's in a field, and never converts one
+    (``bytes(5)`` would be five zero bytes).
+    """
     name, seq, etag, digest, tags, value = row
-    return Record(name, bytes(value), json.loads(tags), etag, digest, seq)
+    if tags == "{}":
+        parsed: Any = {}
+    else:
+        try:
+            parsed = json.loads(tags) if type(tags) is str else None
+        except ValueError:  # JSONDecodeError, and UnicodeDecodeError is one too
+            parsed = None
+        if type(parsed) is not dict or not all(type(v) is str for v in parsed.values()):
+            raise _damaged(row)
+    if type(seq) is int and type(name) is str and type(etag) is str and type(digest) is str and type(value) is bytes:
+        return Record(name, value, parsed, etag, digest, seq)
+    raise _damaged(row)
+
+
+#: What each column of a ``records`` row must hold (``_COLUMNS`` order) and how it is said.
+_SHAPES: tuple[tuple[str, type, str], ...] = (
+    ("name", str, "text"),
+    ("seq", int, "an integer"),
+    ("etag", str, "text"),
+    ("digest", str, "text"),
+    ("tags", str, "a JSON object of strings"),
+    ("value", bytes, "a blob"),
+)
+
+
+def _damaged(row: Sequence[Any]) -> CorruptItemError:
+    """The error for a ``records`` row that :func:`_record` refused, naming the record and the column."""
+    name = row[0]
+    key = name if type(name) is str else repr(name)
+    wrong = [
+        f"{column} is {_shown(cell)}, not {what}"
+        for (column, kind, what), cell in zip(_SHAPES, row)
+        if type(cell) is not kind or (column == "tags" and not _tags_ok(cell))
+    ]
+    return CorruptItemError(key, "the SQLite row is damaged: " + "; ".join(wrong or ["it does not decode"]))
+
+
+def _tags_ok(text: str) -> bool:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return False
+    return type(parsed) is dict and all(type(v) is str for v in parsed.values())
+
+
+def _shown(cell: Any) -> str:
+    """A damaged cell, for a message: its SQL type and the start of its value."""
+    kind = {type(None): "NULL", int: "an integer", float: "a real", str: "text", bytes: "a blob"}.get(
+        type(cell), type(cell).__name__
+    )
+    if cell is None:
+        return kind
+    shown = repr(cell)
+    return f"{kind} {shown[:40] + '...' if len(shown) > 40 else shown}"
+
+
+#: Stand-ins for damaged fields in what a write reads (:func:`_stored`): no
+#: caller's etag or digest equals them, so a condition on a damaged record
+#: fails (and its conflict read raises ``CorruptItemError``), while an upsert
+#: or a delete without condition replaces or removes it.
+_NO_ETAG = "\x00damaged"
+_NO_DIGEST = "\x00damaged"
+
+
+def _stored(row: Sequence[Any]) -> Record:
+    """:func:`_record` for the write path: a damaged row is returned with stand-ins, never raised.
+
+    A write only needs the etag (``if_match``), the digest (appends) and the
+    seq (deletes raise ``seq_counter`` to it) of what it touches. A damaged
+    field gets a stand-in that no condition matches and that never raises
+    ``seq_counter``; the value is never read from here.
+    """
+    try:
+        return _record(row)
+    except CorruptItemError:
+        name, seq, etag, digest = row[:4]
+        return Record(
+            name,
+            b"",
+            {},
+            etag if type(etag) is str else _NO_ETAG,
+            _NO_DIGEST if type(digest) is not str else digest,
+            seq if type(seq) is int else 0,
+        )
 
 
 def _prefix_upper_bound(prefix: str) -> str | None:
@@ -419,7 +526,11 @@ def _setup(conn: sqlite3.Connection) -> None:
 
 
 def _fetch(
-    conn: sqlite3.Connection, pkey: str, names: Sequence[str], values: bool
+    conn: sqlite3.Connection,
+    pkey: str,
+    names: Sequence[str],
+    values: bool,
+    decode: Callable[[Sequence[Any]], Record] = _record,
 ) -> dict[str, Record]:
     """The stored records among ``names`` (values replaced by ``b""`` unless asked)."""
     cols = _COLUMNS if values else _META_COLUMNS
@@ -430,7 +541,7 @@ def _fetch(
             f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks})", (pkey, *chunk)
         )
         for row in rows:
-            found[row[0]] = _record(row)
+            found[row[0]] = decode(row)
     return found
 
 
@@ -475,10 +586,33 @@ def _prelude(
         if row[0] is None:  # the summary row (no record has a NULL name)
             base, has_partition = row[1], row[2]
         else:
-            found[row[0]] = _record(row)
+            found[row[0]] = _stored(row)
     if rest:
-        found.update(_fetch(conn, pkey, rest, values=False))
-    return found, int(base), bool(has_partition)
+        found.update(_fetch(conn, pkey, rest, values=False, decode=_stored))
+    if type(base) is not int or base > _MAX_SEQ:  # a damaged seq: MAX() of a column holding text is text
+        base = _intact_base(conn, pkey)
+    return found, base, bool(has_partition)
+
+
+#: Seqs above this are damage, not counting (2**62 writes): never counted up from.
+_MAX_SEQ = 1 << 62
+
+
+def _intact_base(conn: sqlite3.Connection, pkey: str) -> int:
+    """:func:`_prelude`'s base counting only intact seqs (integers up to ``_MAX_SEQ``).
+
+    Taken only when the fast query returned something else: a seq damaged to
+    text, a blob or a real sorts above every integer in ``MAX()``. The
+    damaged rows are then skipped, not counted up from (and not copied into
+    ``seq_counter``); reading them raises ``CorruptItemError``.
+    """
+    intact = "typeof(seq) = 'integer' AND seq <= ?"
+    (base,) = conn.execute(
+        f"SELECT MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ? AND {intact}), 0), "
+        f"IFNULL((SELECT seq FROM seq_counter WHERE id = 0 AND {intact}), 0))",
+        (pkey, _MAX_SEQ, _MAX_SEQ),
+    ).fetchone()
+    return int(base)
 
 
 def _retire_seqs(conn: sqlite3.Connection, seq: int) -> None:
@@ -655,7 +789,7 @@ def _write_checked(
     if tag_rows:
         conn.executemany(_INSERT_TAGS, tag_rows)
     if deletes:
-        gone = [existing[d.name].seq for d in deletes if d.name in existing]
+        gone = [existing[d.name].seq for d in deletes if d.name in existing]  # _stored: damaged seqs are 0
         if gone:
             _retire_seqs(conn, max(gone))
         conn.executemany(
@@ -760,7 +894,10 @@ def _range_filters(alias: str, query: ListQuery) -> tuple[list[str], list[Any]]:
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
     sql, params = _list_sql(pkey, query)
     if not query.children:
-        return [_record(row) for row in conn.execute(sql, params)]
+        picks = [_record(row) for row in conn.execute(sql, params)]
+        if query.tags:
+            _check_tagged(query, picks)
+        return picks
     # the picks and their children in one read transaction: one snapshot
     cols = _COLUMNS if query.values else _META_COLUMNS
     below = f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name >= ? AND r.name < ? ORDER BY r.name"
@@ -768,18 +905,65 @@ def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]
     with _transaction(conn, immediate=False):
         for row in conn.execute(sql, params).fetchall():
             out.append(_record(row))
+            if query.tags:
+                _check_tagged(query, out[-1:])
             out.extend(_record(child) for child in conn.execute(below, (pkey, *children_range(out[-1].name))))
     return out
 
 
-def _partitions(conn: sqlite3.Connection, user_key: str) -> list[str]:
-    rows = conn.execute("SELECT name FROM partitions WHERE user_key = ?", (user_key,))
-    return sorted(_unblob(name) for (name,) in rows)
+def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
+    """Every record a tag query picked through the ``tags`` table carries those tags in its own row.
+
+    The two are written together; a record that a tag row names but whose
+    own tags differ (a damaged or forged tag row) is refused, not returned
+    as a match.
+    """
+    wanted = query.tags.items()
+    for rec in picks:
+        tags = rec.tags
+        if any(tags.get(k) != v for k, v in wanted):
+            raise CorruptItemError(
+                rec.name, "the SQLite tag index lists it under tags its own row does not carry"
+            )
+
+
+def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
+    """The raw names of ``user``'s partitions in ``space``, each checked against its key.
+
+    A ``partitions`` row keeps the raw name next to its key (``pkey``) because
+    a hashed key cannot be decoded. A name that is not text-as-bytes, or
+    whose partition key is not the row's ``pkey`` (damaged, or a row copied
+    from another user or partition), raises :class:`CorruptItemError`: a
+    listing never names a partition the caller cannot reach by that name.
+    """
+    user_key = Partition(user, space, "").user_key
+    rows = conn.execute("SELECT pkey, name FROM partitions WHERE user_key = ?", (user_key,))
+    names: list[str] = []
+    for pkey, raw in rows:
+        try:
+            name = _unblob(raw) if type(raw) is bytes else None
+        except UnicodeDecodeError:  # not what _blob wrote
+            name = None
+        # ``Partition.key`` is ``user_key + encode_component(name)``, spelled out here
+        # (a Partition per row made the listing 5x slower); the property decides if not
+        if name is None or (pkey != user_key + encode_component(name) and Partition(user, space, name).key != pkey):
+            raise CorruptItemError(
+                str(pkey),
+                f"the SQLite partitions row is damaged: its name column ({_shown(raw)}) "
+                f"does not name the partition of its key",
+            )
+        names.append(name)
+    return sorted(names)
 
 
 def _drop(conn: sqlite3.Connection, pkey: str) -> int:
     with _transaction(conn, immediate=True):
         (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pkey = ?", (pkey,)).fetchone()
+        if top is not None and (type(top) is not int or top > _MAX_SEQ):  # a damaged seq (see _intact_base)
+            (top,) = conn.execute(
+                "SELECT MAX(seq) FROM records WHERE pkey = ? AND typeof(seq) = 'integer' AND seq <= ?",
+                (pkey, _MAX_SEQ),
+            ).fetchone()
         if top is not None:
             _retire_seqs(conn, top)
         count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
@@ -901,7 +1085,7 @@ class SqliteBackend(Backend):
         return self._run(_list, partition.key, query)
 
     def partitions(self, user: str, space: str) -> list[str]:
-        return self._run(_partitions, Partition(user, space, "").user_key)
+        return self._run(_partitions, user, space)
 
     def drop(self, partition: Partition) -> int:
         return self._run_write(_drop, partition.key)
@@ -918,7 +1102,7 @@ class SqliteBackend(Backend):
         return await self._arun(_list, partition.key, query)
 
     async def apartitions(self, user: str, space: str) -> list[str]:
-        return await self._arun(_partitions, Partition(user, space, "").user_key)
+        return await self._arun(_partitions, user, space)
 
     async def adrop(self, partition: Partition) -> int:
         return await self._arun(self._on_writer, _drop, partition.key)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpointers._flows import make_put
+from checkpointers._flows import make_put, new_etag
 from checkpointers._names import Partition
-from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put
 from checkpointers.backends.sqlite import SqliteBackend
 
 P = Partition("alice", "langgraph", "t1")
@@ -134,3 +134,30 @@ def test_single_untagged_appends_mixed_with_tagged_batches(pair) -> None:  # typ
     a.write(Q, [], [Delete("q0")])
     b.write(Q, [], [Delete("nothing")])
     assert _append(b, P, "w4") > max(top, *seqs)
+
+
+def _sealed(name: str, value: bytes, digest: str) -> Put:
+    """An append whose digest carries a seal after the content digest (``<sha256>.<seal>``)."""
+    return Put(name, value, digest, new_etag(), {}, Mode.APPEND)
+
+
+def test_appends_compare_content_digests_not_seals(pair) -> None:  # type: ignore[no-untyped-def]
+    """``abc.x`` then ``abc.y``: the same content under another seal, a no-op; ``abd.x``: a conflict.
+
+    On the warm-memo path (no read before the insert), on the checked path,
+    batched with a new name, and from the other writer.
+    """
+    a, b = pair
+    _append(a, P, "warm")  # a's memo is warm: the next append is tried without reading
+    stored = a.write(P, [_sealed("x", b"one", "abc.x")]).records[0]
+    for writer in (a, b, a):
+        again = writer.write(P, [_sealed("x", b"one", "abc.y")])
+        assert again.conflict is None
+        assert again.records[0] == stored  # the stored record, its seal and seq unchanged
+        batch = writer.write(P, [_sealed(f"new-{id(again)}", b"n", "fff.y"), _sealed("x", b"one", "abc")])
+        assert batch.conflict is None and batch.records[1] == stored
+        for other in ("abd.x", "abd", "abcd.x", "ab.x"):
+            clash = writer.write(P, [_sealed("x", b"two", other)])
+            assert clash.conflict is not None and clash.conflict.existing is not None
+            assert clash.conflict.existing.digest == "abc.x"
+    assert a.get(P, ["x"])[0] == stored

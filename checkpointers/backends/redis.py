@@ -201,8 +201,8 @@ else:  # pragma: no cover - redis-py requires async-timeout before 3.11.3
 
 from . import url_flag
 from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
-from .._names import Partition, encode_component
-from ..errors import BackendUnavailableError
+from .._names import Partition, decode_component, encode_component
+from ..errors import BackendUnavailableError, CorruptItemError
 from .base import (
     Backend,
     Conflict,
@@ -213,6 +213,7 @@ from .base import (
     Record,
     WriteResult,
     check_batch,
+    content_digest,
     tags_json,
 )
 
@@ -276,13 +277,59 @@ def is_transient(exc: BaseException) -> bool:
 # Lua: one source for the sync and the async client (same SHA, one cache entry).
 
 _LUA_COMMON = r"""
-local function meta_parts(meta)
+-- Damaged stored data aborts a script with corrupt(), caught by guarded(),
+-- which replies {code, name, reason, meta}: the client raises
+-- CorruptItemError naming the record. Never an error reply, which the client
+-- cannot tell from an outage.
+local function corrupt(name, reason, meta)
+  error({corrupt = name, reason = reason, meta = meta or false}, 0)
+end
+-- seq, etag, digest, tag pairs of a record's metadata (the tags JSON is
+-- parsed by the client), or nil when damaged (a missing field, a seq that
+-- is not an integer)
+local function parse_meta(meta)
   local a = string.find(meta, "\n", 1, true)
-  local b = string.find(meta, "\n", a + 1, true)
-  local c = string.find(meta, "\n", b + 1, true)
-  local d = string.find(meta, "\n", c + 1, true)
-  return string.sub(meta, 1, a - 1), string.sub(meta, a + 1, b - 1),
-         string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+  local b = a and string.find(meta, "\n", a + 1, true)
+  local c = b and string.find(meta, "\n", b + 1, true)
+  local d = c and string.find(meta, "\n", c + 1, true)
+  if not d then return nil end
+  local seq = string.sub(meta, 1, a - 1)
+  if not string.find(seq, "^%d+$") then return nil end
+  return seq, string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+end
+-- the same, damage aborting
+local function meta_parts(name, meta)
+  local seq, etag, digest, pairs = parse_meta(meta)
+  if not seq then corrupt(name, "its metadata is not seq, etag, digest, tag pairs, tags", meta) end
+  return seq, etag, digest, pairs
+end
+-- main() with damage turned into the reply {code, name, reason, meta}: what
+-- corrupt() raised, or a key of ours holding the wrong type (the key named),
+-- after on_damage() (if given) tidied up; any other error is raised on
+-- unchanged. Only the damage path costs more than one pcall.
+local KEY_TYPES = {"hash", "zset", "zset", "zset", "string"}  -- r n x t seq
+local function damage(res)
+  if type(res) == "table" and res.corrupt then return {res.corrupt, res.reason, res.meta} end
+  local msg = type(res) == "table" and res.err or res
+  if type(msg) ~= "string" then return nil end
+  if string.sub(msg, 1, 9) ~= "WRONGTYPE" and not string.find(msg, "not an integer", 1, true) then return nil end
+  for i, k in ipairs(KEYS) do
+    local kind = redis.call("TYPE", k).ok
+    if kind ~= "none" and kind ~= KEY_TYPES[i] then
+      return {k, "the Redis key holds a " .. kind .. ", not a " .. KEY_TYPES[i], false}
+    end
+  end
+  local seq = KEYS[5] and redis.call("GET", KEYS[5])
+  if seq and not string.find(seq, "^%d+$") then return {KEYS[5], "the sequence counter is not an integer", false} end
+  return nil
+end
+local function guarded(code, main, on_damage)
+  local ok, res = pcall(main)
+  if ok then return res end
+  local found = damage(res)
+  if not found then error(res, 0) end
+  if on_damage then pcall(on_damage) end
+  return {code, found[1], found[2], found[3]}
 end
 local function pad(seq)
   return string.format("%016d", tonumber(seq))
@@ -323,13 +370,27 @@ end
 #         {2} when a staged value is not there (a concurrent delete removed it
 #             between the HSETNX and the script; nothing was applied: re-send
 #             with the values inline),
+#         {3, name, reason, meta} when the batch meets damaged stored data
+#             (nothing was applied; see guarded()),
 #         {1, was_empty, now_empty, meta of put 1, meta of put 2, ...} otherwise.
+# Append mode compares content digests: the part before the first "." (a
+# seal may follow it; see backends.base.content_digest).
 _WRITE_LUA = _LUA_COMMON + r"""
 local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ttl, np, nd = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local PW, DW = 9, 4
 local D0 = 3 + np * PW
-
+-- after damage stopped the batch: the staged values it sent ahead whose
+-- record is absent go again, as on a refusal
+local function drop_orphans()
+  for k = 0, np - 1 do
+    local b = 3 + k * PW
+    if ARGV[b + 2] == "s" and redis.call("HEXISTS", r, "m:" .. ARGV[b + 1]) == 0 then
+      redis.call("HDEL", r, "v:" .. ARGV[b + 1])
+    end
+  end
+end
+return guarded(3, function()
 -- 1. read what is stored (one HMGET) and check every condition; refuse the
 --    whole batch at the first failure
 local fields = {}
@@ -337,6 +398,29 @@ for i = 0, np - 1 do fields[#fields + 1] = "m:" .. ARGV[3 + i * PW + 1] end
 for j = 0, nd - 1 do fields[#fields + 1] = "m:" .. ARGV[D0 + j * DW + 1] end
 local stored = {}  -- 0-based like the conflict index; false where absent
 for k, meta in ipairs(many("HMGET", r, fields)) do stored[k - 1] = meta end
+-- every stored record's fields, parsed once. A damaged record can still be
+-- replaced (upsert) or deleted without a condition: its index members are
+-- then found by scanning the indexes. A condition on it cannot be checked:
+-- damage aborts here, before anything is written.
+local s_seq, s_etag, s_digest, s_pairs, s_damaged = {}, {}, {}, {}, {}
+for k = 0, np + nd - 1 do
+  local meta = stored[k]
+  if meta then
+    local seq, etag, digest, pairs = parse_meta(meta)
+    if seq and not string.find(pairs, "[^%w_%%=%- ]") then
+      s_seq[k], s_etag[k], s_digest[k], s_pairs[k] = seq, etag, digest, pairs
+    else
+      local name, unconditional
+      if k < np then
+        name, unconditional = ARGV[3 + k * PW + 1], ARGV[3 + k * PW + 2] == "u"
+      else
+        name, unconditional = ARGV[D0 + (k - np) * DW + 1], ARGV[D0 + (k - np) * DW + 2] == "0"
+      end
+      if not unconditional then corrupt(name, "its metadata is not seq, etag, digest, tag pairs, tags", meta) end
+      s_damaged[k] = true
+    end
+  end
+end
 local noop = {}
 local function refuse(i, name)
   local empty = redis.call("EXISTS", n) == 0 and 1 or 0
@@ -358,12 +442,13 @@ for i = 0, np - 1 do
   if mode == "c" and meta then return refuse(i, name) end
   if mode == "i" then
     if not meta then return refuse(i, name) end
-    local _, etag = meta_parts(meta)
-    if etag ~= ARGV[b + 3] then return refuse(i, name) end
+    if s_etag[i] ~= ARGV[b + 3] then return refuse(i, name) end
   end
   if (mode == "a" or mode == "s") and meta then
-    local _, _, digest = meta_parts(meta)
-    if digest ~= ARGV[b + 5] then return refuse(i, name) end
+    local have, want = s_digest[i], ARGV[b + 5]
+    if have ~= want and string.match(have, "^[^.]*") ~= string.match(want, "^[^.]*") then
+      return refuse(i, name)
+    end
     noop[i] = true
   end
 end
@@ -372,8 +457,7 @@ for j = 0, nd - 1 do
   local meta = stored[np + j]
   if ARGV[b + 2] == "1" then
     if not meta then return refuse(np + j, ARGV[b + 1]) end
-    local _, etag = meta_parts(meta)
-    if etag ~= ARGV[b + 3] then return refuse(np + j, ARGV[b + 1]) end
+    if s_etag[np + j] ~= ARGV[b + 3] then return refuse(np + j, ARGV[b + 1]) end
   end
 end
 for i = 0, np - 1 do
@@ -386,9 +470,20 @@ end
 -- 2. apply: collect every index change, then one command per key (old
 --    index members go before new ones, which may be equal to them)
 local x_old, t_old, x_new, t_new, n_new, r_new, gone = {}, {}, {}, {}, {}, {}, {}
-local function unindex(name, meta, ancestors)
-  local seq, _, _, pairs = meta_parts(meta)
-  local s = pad(seq)
+local function unindex(name, k, ancestors)  -- the index members of stored record k
+  if s_damaged[k] then
+    -- members end with "|" .. name (a name has no "|"): a scan, paid only
+    -- when damage is being overwritten
+    local tail = "|" .. name
+    for _, m in ipairs(redis.call("ZRANGE", x, 0, -1)) do
+      if string.sub(m, -#tail) == tail then x_old[#x_old + 1] = m end
+    end
+    for _, m in ipairs(redis.call("ZRANGE", t, 0, -1)) do
+      if string.sub(m, -#tail) == tail then t_old[#t_old + 1] = m end
+    end
+    return
+  end
+  local s, pairs = pad(s_seq[k]), s_pairs[k]
   x_old[#x_old + 1] = "|" .. s .. "|" .. name
   for a in string.gmatch(ancestors, "[^ ]+") do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
   for p in string.gmatch(pairs, "[^ ]+") do
@@ -414,7 +509,7 @@ for i = 0, np - 1 do
   if noop[i] then
     out[#out + 1] = stored[i]
   else
-    if stored[i] then unindex(name, stored[i], ancestors) end
+    if stored[i] then unindex(name, i, ancestors) end
     seq = seq + 1
     local s = pad(seq)
     local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
@@ -435,7 +530,7 @@ for j = 0, nd - 1 do
   local b = D0 + j * DW
   local name = ARGV[b + 1]
   if stored[np + j] then
-    unindex(name, stored[np + j], ARGV[b + 4])
+    unindex(name, np + j, ARGV[b + 4])
     push(gone, "m:" .. name, "v:" .. name)
   end
 end
@@ -461,6 +556,7 @@ elseif ttl > 0 then
   for _, k in ipairs(KEYS) do redis.call("PEXPIRE", k, ttl) end
 end
 return out
+end, drop_orphans)
 """
 
 # KEYS: r n x t
@@ -468,8 +564,12 @@ return out
 #       name_lo name_hi has_name_hi seq_lo seq_hi ancestor
 #       depth(-1 = any) children(0/1) tag...
 # Returns name, meta, value for every selected record, in order, each
-# followed by its children (with children=1).
+# followed by its children (with children=1); {0, name, reason, meta} when it
+# meets damaged stored data (see guarded()): a record whose value is missing,
+# whose seq is not an integer or disagrees with the seq index entry it was
+# found by, ... (the client parses and checks the rest of every record).
 _LIST_LUA = _LUA_COMMON + r"""
+return guarded(0, function()
 local r, n, x, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local by_seq, desc = ARGV[1] == "seq", ARGV[2] == "1"
 local limit, values, prefix = tonumber(ARGV[3]), ARGV[4] == "1", ARGV[5]
@@ -496,18 +596,35 @@ local function emit_children(name)
   for i, kid in ipairs(kids) do
     local meta = got[(i - 1) * step + 1]
     if meta then
+      local value = ""
+      if values then
+        value = got[i * 2]
+        if not value then corrupt(kid, "its value is missing", false) end
+      end
       out[#out + 1] = kid
       out[#out + 1] = meta
-      out[#out + 1] = values and got[i * 2] or ""
+      out[#out + 1] = value
     end
   end
 end
 local function emit(name, meta)
+  local value = ""
+  if values then
+    value = redis.call("HGET", r, "v:" .. name)
+    if not value then corrupt(name, "its value is missing", false) end
+  end
   out[#out + 1] = name
   out[#out + 1] = meta
-  out[#out + 1] = values and redis.call("HGET", r, "v:" .. name) or ""
+  out[#out + 1] = value
   count = count + 1
   if children then emit_children(name) end
+end
+-- the seq field of a record's metadata, checked
+local function seq_of(name, meta)
+  local a = string.find(meta, "\n", 1, true)
+  local seq = a and string.sub(meta, 1, a - 1)
+  if not seq or not string.find(seq, "^%d+$") then corrupt(name, "its seq is not an integer", meta) end
+  return seq
 end
 -- whether name (under prefix) has exactly depth "/" after the prefix; a
 -- deeper name also returns where its ancestor at that depth ends (the
@@ -522,14 +639,19 @@ local function at_depth(name)
   end
   return false, at
 end
--- the record if it passes the filters its index did not apply, else nil
-local function check(name, skip_tag, check_prefix)
+-- the record if it passes the filters its index did not apply, else nil;
+-- seq16: the seq of the index entry it was found by (a seq index), which
+-- must be the record's
+local function check(name, skip_tag, check_prefix, seq16)
   if check_prefix and string.sub(name, 1, #prefix) ~= prefix then return nil end
   if not at_depth(name) then return nil end
   local meta = redis.call("HGET", r, "m:" .. name)
   if not meta then return nil end
+  if seq16 and tonumber(seq_of(name, meta)) ~= tonumber(seq16) then
+    corrupt(name, "its seq is not the one its seq index entry gives", meta)
+  end
   if #tags > 0 then
-    local _, _, _, pairs = meta_parts(meta)
+    local _, _, _, pairs = meta_parts(name, meta)
     pairs = " " .. pairs .. " "
     for i, p in ipairs(tags) do
       if i ~= skip_tag and not string.find(pairs, " " .. p .. " ", 1, true) then return nil end
@@ -551,7 +673,7 @@ local function scan(key, lo, hi, name_at, skip_tag, check_prefix, by_name)
     end
     for _, m in ipairs(members) do
       local name = string.sub(m, name_at)
-      local meta = check(name, skip_tag, check_prefix)
+      local meta = check(name, skip_tag, check_prefix, not by_name and string.sub(m, name_at - 17, name_at - 2))
       if meta then
         emit(name, meta)
         if full() then return end
@@ -626,7 +748,7 @@ elseif prefix ~= anc and not index_is_cheaper() then
   for _, name in ipairs(redis.call("ZRANGEBYLEX", n, "[" .. prefix, "(" .. prefix .. "\255")) do
     local meta = at_depth(name) and redis.call("HGET", r, "m:" .. name)
     if meta then
-      local seq = tonumber((meta_parts(meta)))
+      local seq = tonumber(seq_of(name, meta))
       if seq >= lo_seq and (hi_seq == nil or seq < hi_seq) then
         rows[#rows + 1] = {seq, name, meta}
       end
@@ -647,11 +769,15 @@ else
   scan(x, lo, hi, #anc + 19, 0, prefix ~= anc, false)
 end
 return out
+end)
 """
 
-# KEYS: r n x t seq ; returns how many records the partition held.
+# KEYS: r n x t seq ; returns how many records the partition held. A names
+# key of the wrong type (damage) counts 0 and is dropped like the others:
+# drop is how a damaged partition is cleared.
 _DROP_LUA = r"""
-local count = redis.call("ZCARD", KEYS[2])
+local count = redis.pcall("ZCARD", KEYS[2])
+if type(count) ~= "number" then count = 0 end
 redis.call("UNLINK", unpack(KEYS))
 return count
 """
@@ -696,10 +822,16 @@ class _Call:
 
 @dataclass(frozen=True)
 class _Reply:
-    """A round trip's results; ``retried`` when an earlier attempt failed."""
+    """A round trip's results; ``retried`` when an earlier attempt failed.
+
+    ``corrupt``: a command met a key of ours holding the wrong type; its
+    reply is that error (see :meth:`RedisBackend._results`), also thrown
+    into the operation that sent it.
+    """
 
     values: list[Any]
     retried: bool
+    corrupt: CorruptItemError | None = None
 
 
 _Op = Generator[_Call, _Reply, Any]
@@ -736,11 +868,90 @@ def _pad(seq: int) -> str:
 
 
 def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
-    seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
-    if isinstance(name, bytes):
-        name = name.decode("ascii")
-    parsed = {} if tags == b"{}" else json.loads(tags)
-    return Record(name, value or b"", parsed, etag.decode(), digest.decode(), int(seq))
+    """The record stored as ``meta`` and ``value``; damage raises :class:`CorruptItemError`.
+
+    On every read, so only cheap checks; :func:`_damage` says what is wrong.
+    """
+    try:
+        seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
+        if tags == b"{}":
+            parsed: Any = {}
+        else:
+            parsed = json.loads(tags)
+            if parsed.__class__ is not dict or not all(v.__class__ is str for v in parsed.values()):
+                raise ValueError
+        if seq.isdigit() and value is not None:
+            if name.__class__ is not str:
+                name = name.decode("ascii")  # type: ignore[union-attr]
+            return Record(name, value, parsed, etag.decode(), digest.decode("ascii"), int(seq))  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError, JSONDecodeError too
+        pass
+    raise CorruptItemError(_label(name), _damage(meta, value))
+
+
+def _label(name: str | bytes) -> str:
+    return name if isinstance(name, str) else name.decode("ascii", "backslashreplace")
+
+
+def _damage(meta: Any, value: Any) -> str:
+    """What is wrong with a record stored as ``meta`` and ``value`` (that :func:`_record` refused)."""
+    if not isinstance(meta, bytes):
+        return f"its metadata is a {type(meta).__name__}, not bytes"
+    fields = meta.split(b"\n", 4)
+    if len(fields) < 5:
+        return f"its metadata has {len(fields)} of its 5 newline-separated fields (seq, etag, digest, tag pairs, tags)"
+    seq, etag, digest, _pairs, tags = fields
+    if not seq.isdigit():
+        return f"its seq {seq[:40]!r} is not an integer"
+    for what, raw, codec in (("etag", etag, "utf-8"), ("digest", digest, "ascii")):
+        try:
+            raw.decode(codec)
+        except UnicodeDecodeError:
+            return f"its {what} {raw[:40]!r} is not {codec.upper()}"
+    try:
+        parsed = json.loads(tags)
+    except (ValueError, RecursionError) as exc:
+        return f"its tags {tags[:60]!r} are not JSON ({type(exc).__name__}: {exc})"
+    if not isinstance(parsed, dict):
+        return f"its tags are a JSON {type(parsed).__name__}, not an object"
+    for k, v in parsed.items():
+        if not isinstance(v, str):
+            return f"its tag {k!r} has a {type(v).__name__} value, not a string"
+    if value is None:
+        return "its value is missing (the metadata is there)"
+    if not isinstance(value, bytes):
+        return f"its value is a {type(value).__name__}, not bytes"
+    return "its name is not ASCII"
+
+
+def _script_damage(reply: Sequence[Any]) -> CorruptItemError:
+    """The error a script's damage reply ``[code, name, reason, meta]`` stands for (see ``guarded``).
+
+    With the record's metadata, the client's own parse says what is wrong
+    when it finds something too.
+    """
+    name, reason, meta = _label(reply[1]), reply[2], reply[3]
+    if meta is not None:
+        try:
+            _record(name, meta, b"")
+        except CorruptItemError as exc:
+            return exc
+    return CorruptItemError(name, reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason))
+
+
+def _wrong_type(command: Any, exc: BaseException) -> CorruptItemError:
+    """A command's WRONGTYPE reply (a key of ours holding another type) as the damage it is.
+
+    Names the first record the command reads (an ``HMGET``/``HGET`` of
+    ``m:``/``v:`` fields), else the key.
+    """
+    if isinstance(command, _Eval):
+        return CorruptItemError(str(command.keys[0]), f"a key of this partition has the wrong type ({exc})")
+    key = command[1] if len(command) > 1 else "?"
+    key = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+    if command[0] in ("HMGET", "HGET") and len(command) > 2 and str(command[2])[:2] in ("m:", "v:"):
+        return CorruptItemError(str(command[2])[2:], f"the Redis key {key!r} holding it is not a hash ({exc})")
+    return CorruptItemError(key, f"the Redis key has the wrong type for {command[0]} ({exc})")
 
 
 def _written(put: Put, meta: bytes) -> Record:
@@ -864,7 +1075,7 @@ def _applied_before(
             return False
         if rec.etag == put.etag:
             own = True
-        elif not (put.mode is Mode.APPEND and rec.digest == put.digest):
+        elif not (put.mode is Mode.APPEND and content_digest(rec.digest) == content_digest(put.digest)):
             return False
     if any(rec is not None for rec in stored[len(puts) :]):
         return False
@@ -1358,15 +1569,33 @@ class RedisBackend(Backend):
         except OSError as exc:
             raise rex.ConnectionError(f"Error while reading from or writing to socket: {exc.args}") from exc
 
-    def _results(self, results: list[Any], use_sha: bool) -> list[Any] | None:
-        """The results, ``None`` to re-send with EVAL, or raise the first error."""
+    @staticmethod
+    def _results(call: _Call, results: list[Any], use_sha: bool, retried: bool) -> _Reply | None:
+        """The reply, ``None`` to re-send with EVAL, or raise the first error.
+
+        A ``WRONGTYPE`` error (a key of ours holding another type: damage,
+        not an outage) is no driver error: it stays in place as a
+        :class:`CorruptItemError` and is thrown into the operation that sent
+        the command (:meth:`_deliver`).
+        """
         for res in results:
             if isinstance(res, rex.NoScriptError) and use_sha:
                 return None
-        for res in results:
+        corrupt = None
+        for i, res in enumerate(results):
             if isinstance(res, BaseException):
-                raise res
-        return results
+                if not (isinstance(res, rex.ResponseError) and str(res).startswith("WRONGTYPE")):
+                    raise res
+                results[i] = _wrong_type(call.commands[i], res)
+                corrupt = corrupt or results[i]
+        return _Reply(results, retried, corrupt)
+
+    @staticmethod
+    def _deliver(op: _Op, reply: _Reply) -> _Call:
+        """Send ``reply`` into ``op`` (throw the damage it met) and return its next call."""
+        if reply.corrupt is not None:
+            return op.throw(reply.corrupt)
+        return op.send(reply)
 
     def _delay(self, exc: BaseException, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (0-based), or re-raise ``exc``."""
@@ -1394,9 +1623,9 @@ class RedisBackend(Backend):
                             replies = self._pipeline(client, call, use_sha).execute(raise_on_error=False)
                         else:
                             replies = self._direct(client, call, use_sha)
-                        results = self._results(replies[: len(call.commands)], use_sha)
-                        if results is not None:
-                            return _Reply(results, retried=attempt > 0 or not use_sha)
+                        reply = self._results(call, replies[: len(call.commands)], use_sha, attempt > 0 or not use_sha)
+                        if reply is not None:
+                            return reply
                 except DRIVER_ERRORS as exc:
                     time.sleep(self._delay(exc, attempt))
                     attempt += 1
@@ -1412,26 +1641,30 @@ class RedisBackend(Backend):
                             replies = await self._pipeline(client, call, use_sha).execute(raise_on_error=False)
                         else:
                             replies = await self._adirect(client, call, use_sha)
-                        results = self._results(replies[: len(call.commands)], use_sha)
-                        if results is not None:
-                            return _Reply(results, retried=attempt > 0 or not use_sha)
+                        reply = self._results(call, replies[: len(call.commands)], use_sha, attempt > 0 or not use_sha)
+                        if reply is not None:
+                            return reply
                 except DRIVER_ERRORS as exc:
                     await asyncio.sleep(self._delay(exc, attempt))
                     attempt += 1
 
-    def _run(self, op: _Op) -> Any:
+    def _run(self, op: _Op, raw: bool = False) -> Any:
+        """Drive ``op`` to its result; ``raw``: replies go in as they are (:meth:`_parallel_op`)."""
         try:
             call = next(op)
             while True:
-                call = op.send(self._execute(call))
+                reply = self._execute(call)
+                call = op.send(reply) if raw else self._deliver(op, reply)
         except StopIteration as done:
             return done.value
 
-    async def _arun(self, op: _Op) -> Any:
+    async def _arun(self, op: _Op, raw: bool = False) -> Any:
+        """Async :meth:`_run`."""
         try:
             call = next(op)
             while True:
-                call = op.send(await self._aexecute(call))
+                reply = await self._aexecute(call)
+                call = op.send(reply) if raw else self._deliver(op, reply)
         except StopIteration as done:
             return done.value
 
@@ -1477,6 +1710,8 @@ class RedisBackend(Backend):
             args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
             reply = yield _Call([*commands, _Eval(WRITE_SCRIPT, keys, args), *tail])
             out = reply.values[-1 - len(tail)]
+        if out[0] == 3:  # damaged stored data: nothing applied (see guarded())
+            raise _script_damage(out)
         if out[0] == 0:
             index, meta, value, now_empty = int(out[1]), out[2], out[3], out[4]
             names = [p.name for p in puts] + [d.name for d in deletes]
@@ -1524,23 +1759,62 @@ class RedisBackend(Backend):
             return []
         reply = yield _Call([_Eval(LIST_SCRIPT, self._keys(partition)[:4], args)])
         out = reply.values[0]
-        return [_record(out[i], out[i + 1], out[i + 2]) for i in range(0, len(out), 3)]
+        if out and out[0].__class__ is int:  # damaged stored data (see guarded())
+            raise _script_damage(out)
+        records = [_record(out[i], out[i + 1], out[i + 2]) for i in range(0, len(out), 3)]
+        if query.tags:
+            # the script filters on the metadata's tag pairs (and indexes): the
+            # tags a record returns must say the same (children are unfiltered)
+            for rec in records:
+                if (not query.children or query.at_depth(rec.name)) and any(
+                    rec.tags.get(k) != v for k, v in query.tags.items()
+                ):
+                    raise CorruptItemError(rec.name, "its tags do not match the tag index it was found by")
+        return records
 
     def _partitions_op(self, user: str, space: str) -> _Op:
+        """The registry's entries whose partition holds records.
+
+        An entry is ``pk -> raw name``. One whose ``pk`` is not this user's
+        (not even ASCII) is foreign and never trusted: skipped. One of this
+        user's whose name does not decode or does not give back ``pk`` is
+        damaged: :class:`CorruptItemError` if its partition holds records
+        (else it names nothing and is skipped).
+        """
         probe = Partition(user, space, "")
         reply = yield _Call([("HGETALL", self._registry(probe.user_key))])
         candidates: list[Partition] = []
+        damaged: list[str] = []
         for pk, raw in reply.values[0].items():
-            part = Partition(user, space, raw.decode("utf-8", "surrogatepass"))
-            if part.key == pk.decode("ascii"):  # never trust a foreign entry
+            try:
+                key = pk.decode("ascii")
+            except UnicodeDecodeError:
+                continue
+            if not key.startswith(probe.user_key):
+                continue  # never trust a foreign entry
+            try:
+                part = Partition(user, space, raw.decode("utf-8", "surrogatepass"))
+            except UnicodeDecodeError:
+                part = None
+            if part is not None and part.key == key:
                 candidates.append(part)
-        if not candidates:
+            else:
+                damaged.append(key)
+        if not candidates and not damaged:
             return []
-        reply = yield _Call([("EXISTS", self._keys(p)[1]) for p in candidates])
+        exists = [("EXISTS", self._keys(p)[1]) for p in candidates]
+        exists += [("EXISTS", f"{self.prefix}:{{{key}}}:n") for key in damaged]
+        reply = yield _Call(exists)
         live = [p for p, exists in zip(candidates, reply.values) if exists]
         for part in candidates:
             if part not in live:  # expired (ttl) or emptied by a client that died
                 yield from self._unregister_op(part)
+        for key, found in zip(damaged, reply.values[len(candidates) :]):
+            if found:
+                raise CorruptItemError(
+                    decode_component(key[len(probe.user_key) :]) or key,
+                    f"the entry of partition {key!r} in the user's registry does not decode to its name",
+                )
         return sorted(p.name for p in live)
 
     def _drop_op(self, partition: Partition) -> _Op:
@@ -1550,8 +1824,16 @@ class RedisBackend(Backend):
 
     def _parallel_op(self, ops: Sequence[_Op]) -> _Op:
         """Drive independent operations together: each round trip sends the
-        next call of every one still running, in one pipeline."""
+        next call of every one still running, in one pipeline.
+
+        An operation that fails once the round trips started (damaged data
+        it read) does not stop the others, which may be writes in the middle
+        of their protocol: they run to their end, then the first failure (in
+        the order of ``ops``) is raised. A failure before any I/O (invalid
+        input) is raised at once, with nothing sent.
+        """
         results: list[Any] = [None] * len(ops)
+        failed: dict[int, Exception] = {}
         pending: dict[int, _Call] = {}
         for i, op in enumerate(ops):
             try:
@@ -1562,13 +1844,20 @@ class RedisBackend(Backend):
             reply = yield _Call([c for call in pending.values() for c in call.commands])
             at, running = 0, {}
             for i, call in pending.items():
-                part = _Reply(reply.values[at : at + len(call.commands)], reply.retried)
+                values = reply.values[at : at + len(call.commands)]
                 at += len(call.commands)
+                corrupt = None
+                if reply.corrupt is not None:
+                    corrupt = next((v for v in values if isinstance(v, CorruptItemError)), None)
                 try:
-                    running[i] = ops[i].send(part)
+                    running[i] = self._deliver(ops[i], _Reply(values, reply.retried, corrupt))
                 except StopIteration as done:
                     results[i] = done.value
+                except Exception as exc:  # noqa: BLE001 - raised below, once the others are done
+                    failed[i] = exc
             pending = running
+        if failed:
+            raise failed[min(failed)]
         return results
 
     def _op_of(self, op: Any) -> _Op:
@@ -1589,11 +1878,11 @@ class RedisBackend(Backend):
 
     def many(self, ops: Sequence[Any]) -> list[Any]:
         """Independent operations in one pipeline per round trip (one for reads)."""
-        return self._run(self._parallel_op([self._op_of(op) for op in ops]))  # type: ignore[no-any-return]
+        return self._run(self._parallel_op([self._op_of(op) for op in ops]), raw=True)  # type: ignore[no-any-return]
 
     async def amany(self, ops: Sequence[Any]) -> list[Any]:
         """Async :meth:`many`."""
-        return await self._arun(self._parallel_op([self._op_of(op) for op in ops]))  # type: ignore[no-any-return]
+        return await self._arun(self._parallel_op([self._op_of(op) for op in ops]), raw=True)  # type: ignore[no-any-return]
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Records by name, one ``HMGET``."""

@@ -24,7 +24,7 @@ import redis.exceptions as rex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpointers._flows import GetOp, ListOp, Parallel, WriteOp, arun, make_put, run
+from checkpointers._flows import GetOp, ListOp, Parallel, PartitionsOp, WriteOp, arun, make_put, run
 from checkpointers._names import Partition, encode_component
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put, WriteResult
 from checkpointers.backends.memory import MemoryBackend
@@ -35,7 +35,7 @@ from checkpointers.backends.redis import (
     is_transient,
     translate_errors,
 )
-from checkpointers.errors import BackendUnavailableError
+from checkpointers.errors import BackendUnavailableError, CorruptItemError
 from tests.plugins.redis_plugin import RedisServer, free_port, have_binaries
 
 GLOB_USERS = ["alice", "alice2", "a*", "a?ice", "[a]lice"]
@@ -889,6 +889,421 @@ def test_from_url_reads_valkey_scheme_and_query_options(redis_url: str) -> None:
         RedisBackend.from_url(redis_url, prefix="a*")
     with pytest.raises(ValueError, match="decode_responses"):
         RedisBackend(redis.Redis(decode_responses=True))
+
+
+# -- damaged stored data: CorruptItemError on every read path --------------------
+#
+# A record is the hash fields "m:<name>" (seq \n etag \n digest \n <tag pairs>
+# \n <tags JSON>) and "v:<name>" (the value) of the key r, plus members of the
+# zsets n (names), x (seq order) and t (tags). Each kind of damage below is
+# written straight into those with redis-py; every read path (get, list in
+# every shape, many, and their async forms) must raise CorruptItemError naming
+# the record, never a raw parse error and never BackendUnavailableError (which
+# reports an outage), and return what it returned before wherever it does not
+# read the damaged part.
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def any_redis(request: pytest.FixtureRequest) -> RedisBackend:
+    """The backend on a standalone server, then on the 3-master cluster."""
+    return request.getfixturevalue("redis_backend" if request.param == "standalone" else "redis_cluster_backend")  # type: ignore[no-any-return]
+
+
+PICK, CHILD = "c/a", "c/a/w"  # a tagged record with a child, and the child
+#: What each reader asks, as ("get", names) or ("list", query); every reader
+#: runs sync, through many(), async and through amany().
+READERS: dict[str, tuple[str, object]] = {
+    "get": ("get", [PICK, CHILD, "c/b"]),
+    "list by name": ("list", ListQuery(prefix="c/")),
+    "list without values": ("list", ListQuery(prefix="c/", values=False)),
+    "list with children": ("list", ListQuery(prefix="c/", depth=0, children=True)),
+    "list children without values": ("list", ListQuery(prefix="c/", depth=0, children=True, values=False)),
+    "list by tag": ("list", ListQuery(tags={"k": "v"})),
+    "list by tag in seq order": ("list", ListQuery(tags={"k": "v"}, order="seq", descending=True)),
+    "list by tag with children": ("list", ListQuery(prefix="c/", tags={"k": "v"}, depth=0, children=True)),
+    "list in seq order": ("list", ListQuery(order="seq")),
+    # a prefix that is no indexed ancestor, with few names under it: read and sorted
+    "list in seq order, sorted": ("list", ListQuery(prefix="c/a", order="seq", descending=True)),
+}
+
+
+def _damage_partition(b: RedisBackend) -> Partition:
+    p = Partition("dmg", "items", "s-" + uuid.uuid4().hex[:8])
+    puts = [make_put(PICK, b"A", tags={"k": "v"}), make_put(CHILD, b"W"), make_put("c/b", b"B", tags={"k": "v"})]
+    puts += [make_put(f"c/f{i}", b"F") for i in range(5)]  # so that "c/a" in seq order takes the sorting path
+    assert b.write(p, puts).conflict is None
+    return p
+
+
+def _sync_read(b: RedisBackend, p: Partition, reader: tuple[str, object], many: bool) -> object:
+    kind, arg = reader
+    op = GetOp(p, arg) if kind == "get" else ListOp(p, arg)  # type: ignore[arg-type]
+    if many:
+        return b.many([op])[0]
+    return b.get(p, arg) if kind == "get" else b.list(p, arg)  # type: ignore[arg-type]
+
+
+async def _async_read(b: RedisBackend, p: Partition, reader: tuple[str, object], many: bool) -> object:
+    kind, arg = reader
+    op = GetOp(p, arg) if kind == "get" else ListOp(p, arg)  # type: ignore[arg-type]
+    if many:
+        return (await b.amany([op]))[0]
+    return await (b.aget(p, arg) if kind == "get" else b.alist(p, arg))  # type: ignore[arg-type]
+
+
+def _shape(result: object) -> object:
+    return [None if r is None else (r.name, r.value, dict(r.tags), r.etag, r.digest, r.seq) for r in result]  # type: ignore[attr-defined]
+
+
+def _outcome(call) -> object:  # noqa: ANN001
+    """What a read gave: its records, or ("corrupt", key); any other error fails the test."""
+    try:
+        return _shape(call())
+    except CorruptItemError as exc:
+        return ("corrupt", exc.key)
+
+
+def _every_read(b: RedisBackend, p: Partition) -> dict[tuple[str, str], object]:
+    """Every reader on every path: {(reader, path): outcome}."""
+    out: dict[tuple[str, str], object] = {}
+    for label, reader in READERS.items():
+        out[label, "sync"] = _outcome(lambda: _sync_read(b, p, reader, False))
+        out[label, "many"] = _outcome(lambda: _sync_read(b, p, reader, True))
+
+    async def run_async() -> None:
+        for label, reader in READERS.items():
+            for path, many in (("async", False), ("amany", True)):
+                try:
+                    out[label, path] = _shape(await _async_read(b, p, reader, many))
+                except CorruptItemError as exc:
+                    out[label, path] = ("corrupt", exc.key)
+
+    asyncio.run(run_async())
+    return out
+
+
+def _meta(fix):  # noqa: ANN001, ANN202
+    """A damage that rewrites the metadata's fields [seq, etag, digest, pairs, tags] with ``fix``."""
+
+    def damage(c: redis.Redis, keys: list[str], name: str) -> None:
+        fields = c.hget(keys[0], f"m:{name}").split(b"\n", 4)
+        c.hset(keys[0], f"m:{name}", fix(fields))
+
+    return damage
+
+
+def _swap_fields(c: redis.Redis, keys: list[str], name: str) -> None:
+    meta, value = c.hmget(keys[0], [f"m:{name}", f"v:{name}"])
+    c.hset(keys[0], mapping={f"m:{name}": value, f"v:{name}": meta})
+
+
+#: name -> (damage, whether only reads of the value notice it)
+RECORD_DAMAGE = {
+    "seq not an integer": (_meta(lambda f: b"\n".join([b"x1", *f[1:]])), False),
+    "seq empty": (_meta(lambda f: b"\n".join([b"", *f[1:]])), False),
+    "seq with a sign": (_meta(lambda f: b"\n".join([b"+" + f[0], *f[1:]])), False),
+    "seq with spaces": (_meta(lambda f: b"\n".join([b" " + f[0], *f[1:]])), False),
+    "seq not UTF-8": (_meta(lambda f: b"\n".join([b"\xff" + f[0], *f[1:]])), False),
+    "two fields missing": (_meta(lambda f: b"\n".join(f[:3])), False),
+    "no newline at all": (_meta(lambda f: b"garbage"), False),
+    "empty metadata": (_meta(lambda f: b""), False),
+    "etag not UTF-8": (_meta(lambda f: b"\n".join([f[0], b"\xff\xfe", *f[2:]])), False),
+    "digest not ASCII": (_meta(lambda f: b"\n".join([*f[:2], "sha\u00e9".encode(), *f[3:]])), False),
+    "tags JSON cut short": (_meta(lambda f: b"\n".join([*f[:4], f[4][:-1] if f[4] != b"{}" else b"{"])), False),
+    "tags JSON not UTF-8": (_meta(lambda f: b"\n".join([*f[:4], b'{"k":"\xff"}'])), False),
+    "tags JSON a list": (_meta(lambda f: b"\n".join([*f[:4], b'["k","v"]'])), False),
+    "tags JSON a number": (_meta(lambda f: b"\n".join([*f[:4], b"7"])), False),
+    "tag value not a string": (_meta(lambda f: b"\n".join([*f[:4], b'{"k":1}'])), False),
+    "tag value an object": (_meta(lambda f: b"\n".join([*f[:4], b'{"k":{"v":"v"}}'])), False),
+    "tags JSON nested 100,000 deep": (_meta(lambda f: b"\n".join([*f[:4], b'{"k":' + b"[" * 100_000])), False),
+    "tags JSON with trailing bytes": (_meta(lambda f: b"\n".join([*f[:4], f[4] + b"\nx"])), False),
+    "metadata and value swapped": (_swap_fields, False),
+    "value missing": (lambda c, keys, name: c.hdel(keys[0], f"v:{name}"), True),
+}
+
+
+@pytest.mark.parametrize("target", [PICK, CHILD])
+@pytest.mark.parametrize("damage", list(RECORD_DAMAGE))
+def test_damaged_record_is_corrupt_on_every_read_path(any_redis: RedisBackend, damage: str, target: str) -> None:
+    b = any_redis
+    p = _damage_partition(b)
+    healthy = _every_read(b, p)
+    fn, value_only = RECORD_DAMAGE[damage]
+    fn(raw_client(b), b.keys_of(p), target)
+    damaged = _every_read(b, p)
+    for (label, path), before in healthy.items():
+        reader = READERS[label]
+        reads_values = reader[0] == "get" or reader[1].values  # type: ignore[attr-defined]
+        if any(r is not None and r[0] == target for r in before) and (reads_values or not value_only):  # type: ignore[attr-defined]
+            assert damaged[label, path] == ("corrupt", target), (label, path)
+        else:
+            assert damaged[label, path] == before, (label, path)
+
+
+def test_the_list_script_reports_damage_not_an_outage(redis_backend: RedisBackend) -> None:
+    """Before: 'attempt to perform arithmetic on a nil value' from the script,
+    reported as BackendUnavailableError."""
+    b = redis_backend
+    p = _damage_partition(b)
+    raw_client(b).hset(b.keys_of(p)[0], f"m:{PICK}", b"no fields")
+    for query in (ListQuery(tags={"k": "v"}), ListQuery(prefix="c/a", order="seq")):
+        with pytest.raises(CorruptItemError) as info:
+            b.list(p, query)
+        assert info.value.key == PICK and "fields" in info.value.reason
+
+
+#: name -> (key index in keys_of(), how to damage it, readers that touch the key)
+KEY_DAMAGE = {
+    "records hash is a string": (0, lambda c, k: c.set(k, "junk"), set(READERS)),
+    "records hash is a zset": (0, lambda c, k: c.zadd(k, {"m:c/a": 0}), set(READERS)),
+    "names zset is a hash": (1, lambda c, k: c.hset(k, "c/a", "x"), {"list by name", "list with children"}),
+    "seq index is a string": (2, lambda c, k: c.set(k, "junk"), {"list in seq order"}),
+    "tag index is a list": (3, lambda c, k: c.rpush(k, "junk"), {"list by tag", "list by tag in seq order"}),
+}
+
+
+@pytest.mark.parametrize("damage", list(KEY_DAMAGE))
+def test_key_of_the_wrong_type_is_corrupt_not_an_outage(any_redis: RedisBackend, damage: str) -> None:
+    b = any_redis
+    p = _damage_partition(b)
+    healthy = _every_read(b, p)
+    at, fn, touching = KEY_DAMAGE[damage]
+    key = b.keys_of(p)[at]
+    c = raw_client(b)
+    c.delete(key)
+    fn(c, key)
+    damaged = _every_read(b, p)
+    for (label, path), before in healthy.items():
+        got = damaged[label, path]
+        if label in touching:
+            # names the record a get asked for first, else the key
+            assert got == ("corrupt", PICK if label == "get" else key), (label, path)
+        else:
+            assert got in (before, ("corrupt", key)), (label, path)
+    # a write meets it too: corruption, not an outage (except where it never
+    # touches the key), and drop clears the partition whatever its keys hold
+    try:
+        b.write(p, [make_put(PICK, b"new", tags={"k": "v"})])
+    except CorruptItemError as exc:
+        assert exc.key == key
+    assert b.drop(p) >= 0
+    assert not any(c.exists(k) for k in b.keys_of(p))
+    assert b.get(p, [PICK]) == [None] and b.list(p, ListQuery()) == []
+
+
+def test_damaged_sequence_counter_is_corrupt_on_write(any_redis: RedisBackend) -> None:
+    b = any_redis
+    p = _damage_partition(b)
+    seqkey = b.keys_of(p)[4]
+    raw_client(b).set(seqkey, "not a number")
+    with pytest.raises(CorruptItemError) as info:
+        b.write(p, [make_put("c/new", b"n")])
+    assert info.value.key == seqkey
+    assert b.get(p, ["c/new"]) == [None] and len(b.list(p, ListQuery())) == 8
+
+
+def test_index_entries_that_disagree_with_the_record_are_corrupt(any_redis: RedisBackend) -> None:
+    """A seq or tag index entry that the record's metadata contradicts: never a
+    record listed out of place or under a tag it does not carry."""
+    b = any_redis
+    p = _damage_partition(b)
+    c, (r, _n, x, t, _seq) = raw_client(b), b.keys_of(p)
+    healthy = _every_read(b, p)
+    by_seq = ("list in seq order", "list by tag in seq order")
+    # the record's seq moved (a valid integer): the seq indexes disagree
+    meta = c.hget(r, f"m:{PICK}")
+    c.hset(r, f"m:{PICK}", b"999" + meta[meta.index(b"\n") :])
+    got = _every_read(b, p)
+    for (label, path), before in healthy.items():
+        if label in by_seq:
+            assert got[label, path] == ("corrupt", PICK), (label, path)
+        elif label != "list in seq order, sorted":  # sorts by the seq it finds
+            assert [row[:5] for row in got[label, path]] == [row[:5] for row in before], (label, path)  # type: ignore[index, union-attr]
+    c.hset(r, f"m:{PICK}", meta)
+    assert _every_read(b, p) == healthy
+    # a stray seq index entry naming a real record
+    c.zadd(x, {"|0000000000000500|c/b": 0})
+    with pytest.raises(CorruptItemError) as info:
+        b.list(p, ListQuery(order="seq", descending=True, limit=1))
+    assert info.value.key == "c/b"
+    c.zrem(x, "|0000000000000500|c/b")
+    # a record whose tags JSON says another value than its index entries
+    c.hset(r, f"m:{PICK}", meta.replace(b'{"k":"v"}', b'{"k":"w"}'))
+    got = _every_read(b, p)
+    for label in ("list by tag", "list by tag in seq order", "list by tag with children"):
+        for path in ("sync", "many", "async", "amany"):
+            assert got[label, path] == ("corrupt", PICK), (label, path)
+    c.hset(r, f"m:{PICK}", meta)
+    # a stray tag index entry naming an untagged record
+    c.zadd(t, {"n_k=_v|c/f0": 0})
+    with pytest.raises(CorruptItemError) as info:
+        b.list(p, ListQuery(tags={"k": "v"}))
+    assert info.value.key == "c/f0"
+
+
+def test_writes_over_a_damaged_record(any_redis: RedisBackend) -> None:
+    """A condition on a damaged record cannot be checked: CorruptItemError, and
+    nothing of the batch is applied (staged values sent ahead are removed). An
+    upsert or unconditional delete replaces it, leaving no stale index entry."""
+    b = any_redis
+    broken = b"7\nno more fields"
+    for kind in ("append", "if_match", "create", "checked delete"):
+        p = _damage_partition(b)
+        c, r = raw_client(b), b.keys_of(p)[0]
+        c.hset(r, f"m:{PICK}", broken)
+        before = (sorted(c.hkeys(r)), c.zrange(b.keys_of(p)[2], 0, -1), c.get(b.keys_of(p)[4]))
+        blob = _blob(b"sent ahead " + kind.encode())
+        if kind == "checked delete":
+            puts, deletes = [make_put("c/new", b"n"), blob], [Delete(PICK, if_match="e")]
+        else:
+            mode = {"append": Mode.APPEND, "if_match": Mode.IF_MATCH, "create": Mode.CREATE}[kind]
+            damaged = make_put(PICK, b"A2", mode=mode, if_match="e" if mode is Mode.IF_MATCH else None)
+            puts, deletes = [make_put("c/new", b"n"), blob, damaged], []
+        with pytest.raises(CorruptItemError) as info:
+            b.write(p, puts, deletes)
+        assert info.value.key == PICK, kind
+        assert (sorted(c.hkeys(r)), c.zrange(b.keys_of(p)[2], 0, -1), c.get(b.keys_of(p)[4])) == before, kind
+    for kind in ("upsert", "delete"):
+        p = _damage_partition(b)
+        c, r = raw_client(b), b.keys_of(p)[0]
+        for damage in (broken, b"x\n\n\n\n{}", b"3\ne\nd\n_k=_v garbage|{}\n{}"):
+            c.hset(r, f"m:{PICK}", damage)
+            if kind == "upsert":
+                result = b.write(p, [make_put(PICK, b"fixed", tags={"j": "1"})])
+                assert result.conflict is None and result.records[0].value == b"fixed"
+            else:
+                assert b.write(p, [], [Delete(PICK)]).conflict is None
+                assert b.get(p, [PICK]) == [None]
+            reads = _every_read(b, p)
+            assert not any(isinstance(v, tuple) for v in reads.values()), (kind, reads)
+            names = [row[0] for row in reads["list in seq order", "sync"]]  # type: ignore[index, union-attr]
+            assert len(names) == len(set(names)) and (PICK in names) == (kind == "upsert")
+            assert PICK not in [row[0] for row in reads["list by tag", "sync"]]  # type: ignore[index, union-attr]
+            if kind == "delete":
+                b.write(p, [make_put(PICK, b"A", tags={"k": "v"})])
+
+
+@pytest.mark.parametrize("damage", ["parse", "wrong type"])
+def test_many_finishes_the_other_operations_before_raising(any_redis: RedisBackend, damage: str) -> None:
+    """One operation of many() meeting damage does not abandon the others in the
+    middle of their protocol: a write that empties its partition still removes
+    it from the user's registry, then the damage is raised."""
+    b = any_redis
+    p = _damage_partition(b)
+    c = raw_client(b)
+    if damage == "parse":
+        c.hset(b.keys_of(p)[0], f"m:{PICK}", b"x")
+    else:
+        c.delete(b.keys_of(p)[0])
+        c.set(b.keys_of(p)[0], "junk")
+    q = Partition("dmg", "items", "other-" + uuid.uuid4().hex[:8])
+    b.write(q, [make_put("only", b"1")])
+    registry = f"{b.prefix}:{{{q.user_key}}}:parts"
+    assert c.hexists(registry, q.key)
+    with pytest.raises(CorruptItemError) as info:
+        b.many([GetOp(p, [PICK]), WriteOp(q, (), (Delete("only"),))])
+    assert info.value.key == PICK
+    assert b.get(q, ["only"]) == [None] and not c.hexists(registry, q.key)
+
+    async def again() -> None:
+        await b.awrite(q, [make_put("only", b"1")])
+        with pytest.raises(CorruptItemError):
+            await b.amany([ListOp(p, ListQuery(prefix="c/")), WriteOp(q, (), (Delete("only"),))])
+
+    asyncio.run(again())
+    assert b.get(q, ["only"]) == [None] and not c.hexists(registry, q.key)
+
+
+def test_damaged_partition_registry(any_redis: RedisBackend) -> None:
+    """partitions(): a registry entry of a live partition that does not give back
+    its name is corrupt; a foreign entry, or one naming no live partition, is
+    skipped; a registry of the wrong type is corrupt."""
+    b = any_redis
+    user = "reg-" + uuid.uuid4().hex[:6]
+    p, q = Partition(user, "items", "one"), Partition(user, "items", "two")
+    b.write(p, [make_put("a", b"1")])
+    b.write(q, [make_put("a", b"1")])
+    c = raw_client(b)
+    registry = f"{b.prefix}:{{{p.user_key}}}:parts"
+
+    def partitions_everywhere() -> list[object]:
+        out: list[object] = []
+        for call in (lambda: b.partitions(user, "items"), lambda: b.many([PartitionsOp(user, "items")])[0]):
+            try:
+                out.append(call())
+            except CorruptItemError as exc:
+                out.append(("corrupt", exc.key))
+
+        async def run_async() -> None:
+            try:
+                out.append(await b.apartitions(user, "items"))
+            except CorruptItemError as exc:
+                out.append(("corrupt", exc.key))
+            try:
+                out.append((await b.amany([PartitionsOp(user, "items")]))[0])
+            except CorruptItemError as exc:
+                out.append(("corrupt", exc.key))
+    
+        asyncio.run(run_async())
+        return out
+
+    assert partitions_everywhere() == [["one", "two"]] * 4
+    # foreign entries (not this user's keys) and entries naming nothing live: skipped
+    c.hset(registry, mapping={b"\xffjunk": b"x", "_someone/_items/_one": "one", p.user_key + "_gone": b"\xff"})
+    assert partitions_everywhere() == [["one", "two"]] * 4
+    for damaged in (b"\xff\xfe", b"three"):  # undecodable, or another partition's name
+        c.hset(registry, q.key, damaged)
+        assert partitions_everywhere() == [("corrupt", "two")] * 4
+    c.hset(registry, q.key, "two")
+    assert partitions_everywhere() == [["one", "two"]] * 4
+    c.delete(registry)
+    c.set(registry, "junk")
+    assert partitions_everywhere() == [("corrupt", registry)] * 4
+    c.delete(registry)
+
+
+# -- append compares content digests (a seal may follow a '.') ----------------------
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_append_compares_the_content_part_of_digests(any_redis: RedisBackend, staged: bool) -> None:
+    from checkpointers._flows import new_etag
+
+    b = any_redis
+    p = Partition("seal", "items", "s-" + uuid.uuid4().hex[:8])
+    name = "b/abc" if staged else "c/x"
+
+    def append(digest: str, value: bytes = b"v") -> WriteResult:
+        return b.write(p, [Put(name, value, digest, new_etag(), {}, Mode.APPEND, staged=staged)])
+
+    first = append("abc.x")
+    assert first.conflict is None
+    (stored,) = first.records
+    # same content, another seal: a no-op returning the stored record
+    again = append("abc.y")
+    assert again.conflict is None and again.records == [stored]
+    assert b.get(p, [name]) == [stored] and stored.digest == "abc.x"
+    bare = append("abc")  # a record written before seals existed
+    assert bare.conflict is None and bare.records == [stored]
+    # other content: a conflict that names the stored record
+    other = append("abd.x", b"w")
+    assert other.conflict is not None and other.conflict.existing == stored
+    assert append("abd").conflict is not None
+    assert b.get(p, [name]) == [stored]
+
+
+def test_a_retried_batch_recognises_its_append_by_content_digest(redis_backend: RedisBackend) -> None:
+    """A retried batch refused only because its first attempt applied: an append in it
+    whose stored record carries another seal of the same content still counts as its own."""
+    from checkpointers._flows import new_etag
+
+    b = redis_backend
+    p = Partition("seal", "items", "retry-" + uuid.uuid4().hex[:8])
+    b.write(p, [Put("b/abc", b"v", "abc.x", new_etag(), {}, Mode.APPEND)])
+    batch = [make_put("c/1", b"c", mode=Mode.CREATE), Put("b/abc", b"v", "abc.y", new_etag(), {}, Mode.APPEND)]
+    assert b.write(p, batch).conflict is None  # the first attempt, whose reply was "lost"
+    result = run_as_retried(b, b._write_op(p, batch, []))
+    assert result.conflict is None and [r.digest for r in result.records] == [batch[0].digest, "abc.x"]
 
 
 # -- differential check against the reference backend ------------------------------

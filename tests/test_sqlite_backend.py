@@ -604,6 +604,183 @@ def test_writes_over_a_damaged_row_replace_it_or_refuse_and_seqs_stay_intact(tmp
         assert backend.write(P, [make_put("f", b"f")]).records[0].seq == top + 3
 
 
+# -- 4c. disk space after deletes -----------------------------------------------------------------
+
+MB = 1 << 20
+BIG_RECORDS = 20  # of 1 MB: ~20 MB written, then deleted
+
+
+def _disk(path: Path) -> tuple[int, int, int]:
+    """Bytes of the file, bytes of its WAL, and the free pages its header reports."""
+    wal = Path(f"{path}-wal")
+    conn = sqlite3.connect(path)  # a short read of the header; other connections stay open
+    try:
+        (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+    finally:
+        conn.close()
+    return path.stat().st_size, wal.stat().st_size if wal.exists() else 0, free
+
+
+def _fill(backend: SqliteBackend, tag: str, count: int = BIG_RECORDS) -> None:
+    for i in range(count):
+        backend.write(P, [make_put(f"{tag}{i:03d}", os.urandom(MB), mode=Mode.APPEND)])
+
+
+def _delete_all(backend: SqliteBackend, how: str, tag: str) -> None:
+    if how == "drop":
+        assert backend.drop(P) == BIG_RECORDS
+    else:
+        backend.write(P, [], [Delete(f"{tag}{i:03d}") for i in range(BIG_RECORDS)])
+
+
+@pytest.mark.parametrize("how", ["drop", "batch"])
+def test_deleting_gives_the_disk_space_back(tmp_path: Path, how: str) -> None:
+    """A new file shrinks after a large delete, its WAL is emptied, and writing again does not grow it.
+
+    Before: 20 MB written and deleted left the file at 21 MB and the WAL at
+    21 MB (the deletes' zeroed pages, ``secure_delete``), with ~5,000 free pages.
+    """
+    path = tmp_path / "big.db"
+    with SqliteBackend(path) as backend:
+        keep = Partition("alice", "items", "kept")
+        backend.write(keep, [make_put("keep", b"small")])
+        _fill(backend, "a")
+        file, wal, _ = _disk(path)
+        peak = file + wal
+        assert file > BIG_RECORDS * MB
+        _delete_all(backend, how, "a")
+        file, wal, free = _disk(path)
+        assert file + wal < peak / 10, (file, wal, peak)  # ~100 KB left of ~25 MB
+        assert free < 256
+        with sqlite3.connect(path) as conn:  # FULL was for the delete's commit only
+            assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)
+        conn.close()
+        _fill(backend, "b")  # the same again: no bigger than the first time
+        file, wal, _ = _disk(path)
+        assert file + wal <= peak * 1.05, (file, wal, peak)
+        assert backend.get(keep, ["keep"])[0].value == b"small"  # type: ignore[union-attr]
+
+
+def _none_mode_file(path: Path) -> None:
+    """A file as releases before auto_vacuum made them (``auto_vacuum=NONE``, already in WAL mode)."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+
+
+@pytest.mark.parametrize("how", ["drop", "batch"])
+def test_a_file_without_auto_vacuum_reuses_its_free_pages_and_empties_its_wal(tmp_path: Path, how: str) -> None:
+    """An existing ``auto_vacuum=NONE`` file is left in that mode (converting needs a VACUUM of the
+    whole file): it keeps its size, but the WAL is emptied and later writes fill the free pages."""
+    path = tmp_path / "old.db"
+    _none_mode_file(path)
+    with SqliteBackend(path) as backend:
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA auto_vacuum").fetchone() == (0,)
+        conn.close()
+        _fill(backend, "a")
+        file, wal, _ = _disk(path)
+        peak = file + wal
+        _delete_all(backend, how, "a")
+        file_after, wal_after, free = _disk(path)
+        assert wal_after == 0 and file_after == file and free > BIG_RECORDS * MB // 4096
+        assert file_after + wal_after <= peak, (file_after, wal_after, peak)  # before: ~2x peak
+        _fill(backend, "b")
+        file, wal, free = _disk(path)
+        assert file <= file_after * 1.02 and file + wal <= peak * 1.05, (file, wal, peak)
+
+
+def test_a_file_left_in_full_mode_is_vacuumed_and_switched_back(tmp_path: Path) -> None:
+    """A large delete commits in ``FULL`` mode and then switches back; a process killed between
+    the two leaves the file ``FULL``, which the next large delete (by any process) undoes."""
+    path = tmp_path / "full.db"
+    SqliteBackend(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA auto_vacuum=FULL")
+    conn.close()
+    with SqliteBackend(path) as backend:
+        _fill(backend, "a")
+        _delete_all(backend, "batch", "a")
+        file, wal, free = _disk(path)
+        assert file + wal < 2 * MB and free < 256, (file, wal, free)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)
+    conn.close()
+
+
+def _churn_worker(path: str, worker: int, barrier: Any, results: Any) -> None:
+    """Child: worker 0 writes and drops 4 MB five times; the others append small records and read them."""
+    try:
+        barrier.wait(timeout=120)
+        with SqliteBackend(path) as backend:
+            mine = Partition("alice", "items", f"w{worker}")
+            if worker == 0:
+                for round_ in range(5):
+                    for i in range(4):
+                        backend.write(mine, [make_put(f"r{round_}/{i}", os.urandom(MB))])
+                    if round_ % 2:
+                        backend.drop(mine)
+                    else:
+                        backend.write(mine, [], [Delete(f"r{round_}/{i}") for i in range(4)])
+            else:
+                for n in range(150):
+                    backend.write(mine, [make_put(f"{n:04d}", f"{worker}:{n}".encode() * 100, mode=Mode.APPEND)])
+                    if n % 10 == 0:
+                        got = backend.list(mine, ListQuery(values=True))
+                        assert [r.value for r in got] == [f"{worker}:{k}".encode() * 100 for k in range(n + 1)]
+        results.put((worker, None))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put((worker, repr(exc)))
+
+
+def test_processes_writing_while_another_vacuums(tmp_path: Path) -> None:
+    """Large deletes (commits in FULL mode, file cut, WAL emptied) beside other processes' writes and reads."""
+    path = str(tmp_path / "shared.db")
+    SqliteBackend(path).close()  # created here: auto_vacuum=INCREMENTAL
+    workers = 3
+    barrier = SPAWN.Barrier(workers)
+    results = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_churn_worker, args=(path, w, barrier, results)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [err for _, err in reports if err] == []
+    with SqliteBackend(path) as backend:
+        assert backend.list(Partition("alice", "items", "w0"), ListQuery()) == []
+        for w in (1, 2):
+            got = backend.list(Partition("alice", "items", f"w{w}"), ListQuery(order="seq"))
+            assert [r.value for r in got] == [f"{w}:{k}".encode() * 100 for k in range(150)]
+    file, wal, free = _disk(Path(path))
+    assert file < 4 * MB and wal == 0, (file, wal, free)  # the last process out checkpointed and removed it
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+
+
+def test_a_reader_holding_an_old_snapshot_delays_the_wal_reset_but_never_blocks(tmp_path: Path) -> None:
+    """The checkpoint after a large delete does not wait for readers; the WAL is cut when they are gone."""
+    path = tmp_path / "read.db"
+    with SqliteBackend(path, timeout=20) as backend:
+        _fill(backend, "a")
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM records").fetchone() == (BIG_RECORDS,)
+        started = time.monotonic()
+        assert backend.drop(P) == BIG_RECORDS
+        assert time.monotonic() - started < 15  # a checkpoint waiting on the reader would take the 20 s timeout
+        assert reader.execute("SELECT count(*) FROM records").fetchone() == (BIG_RECORDS,)  # its snapshot holds
+        reader.execute("ROLLBACK")
+        reader.close()
+        for i in range(3):  # the next writers finish the checkpoint and start the WAL over, cut to its limit
+            backend.write(P, [make_put(f"s{i}", b"small")])
+        file, wal, free = _disk(path)
+        assert wal <= 8 * MB and file < 2 * MB and free < 256, (file, wal, free)
+
+
 # -- 5. driver errors become library errors -------------------------------------------------
 
 #: Every exception class ``sqlite3`` defines, and whether it means "unavailable".

@@ -147,6 +147,38 @@ error chained. Retrying a write is safe: upserts are idempotent, appends of
 the same digest are no-ops, and a ``CREATE``/``IF_MATCH`` batch retried after
 an attempt whose outcome is unknown recognises its own etag (etags are unique
 per write) and reports success instead of a conflict with itself.
+
+Damaged data
+============
+
+Stored bytes that are not what this backend wrote raise
+:class:`~checkpointers.errors.CorruptItemError` naming the record (or, for a
+whole key, the key), on every path: ``get``, ``list`` in every shape,
+``partitions``, ``many``, sync and async. Never a raw ``ValueError`` or
+``UnicodeDecodeError``, and never :class:`BackendUnavailableError`, which
+reports an outage. That covers:
+
+* metadata: a missing field or newline, a seq that is not an integer, an
+  etag or digest that does not decode, tags that are not a JSON object of
+  strings, a value missing beside its metadata. The client parses every
+  record with cheap checks (``_record``) and works out what is wrong only
+  when one fails;
+* the indexes: a seq index entry whose seq is not the record's (so a seq
+  order listing never puts a record out of place), a tag index entry for a
+  record whose tags do not carry it;
+* a key of ours holding another Redis type (``WRONGTYPE``), a sequence
+  counter that is not an integer, a registry entry of a live partition that
+  does not decode to its name (foreign entries stay skipped).
+
+The scripts run their body under ``guarded()``: damage ends the script with
+a reply ``{code, name, reason, meta}``, never an error reply, which the
+client could not tell from an outage. A write whose condition needs a
+damaged record (append, ``IF_MATCH``, ``CREATE``, a checked delete) applies
+nothing; an upsert or unconditional delete replaces it (its index entries
+are then found by scanning the indexes, paid only then), and ``drop`` clears
+a partition whatever its keys hold. A key of the wrong type met in the
+middle of a batch's apply step stops it there (Redis scripts do not roll
+back).
 """
 
 from __future__ import annotations
@@ -878,8 +910,11 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
             parsed: Any = {}
         else:
             parsed = json.loads(tags)
-            if parsed.__class__ is not dict or not all(v.__class__ is str for v in parsed.values()):
+            if parsed.__class__ is not dict:
                 raise ValueError
+            for v in parsed.values():
+                if v.__class__ is not str:
+                    raise ValueError
         if seq.isdigit() and value is not None:
             if name.__class__ is not str:
                 name = name.decode("ascii")  # type: ignore[union-attr]

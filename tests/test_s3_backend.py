@@ -9,6 +9,7 @@ moto forms) through the ``backend`` fixture; this file covers what only S3 has.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -22,12 +23,16 @@ from checkpointers._flows import make_put, new_etag
 from checkpointers._names import Partition
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put
 from checkpointers.backends.s3 import (
+    _MAGIC,
+    _TX_MAGIC,
     ConditionalWritesUnsupportedError,
     S3Backend,
     _invert,
+    _record_body,
+    _tombstone,
     translate_errors,
 )
-from checkpointers.errors import BackendUnavailableError
+from checkpointers.errors import BackendUnavailableError, CorruptItemError
 from tests.plugins.s3_plugin import BUCKET, REGION
 
 pytestmark = pytest.mark.timeout(120)
@@ -636,3 +641,380 @@ def test_append_compares_only_the_content_digest(s3: S3Backend, path: str) -> No
     bare = batch(_sealed("k", b"v", "abc", staged=staged))  # a record written before seals: same content
     assert bare.conflict is None and bare.records[0] == stored
     assert s3.get(p, ["k"]) == [stored]
+
+
+# -- damaged stored bytes: CorruptItemError on every read path -----------------------
+#
+# Objects are damaged straight in the bucket (boto3), then every read the
+# backend has is tried, sync and async. The damaged record is a child
+# ("c/x/1/w"), so that children listings reach it only as a child, and the
+# highest name, so that partitions() decodes it first.
+
+DAMAGED = "c/x/1/w"
+_TX = f"{1:020d}-{'ab' * 16}"  # a well-formed (and long expired) batch id
+
+
+def _frame(header: bytes, value: bytes = b"", n: int | None = None) -> bytes:
+    return _MAGIC + (len(header) if n is None else n).to_bytes(4, "big") + header + value
+
+
+def _changed(h: dict[str, Any], value: bytes, **changes: Any) -> bytes:
+    """The record with header fields changed (``...`` removes one)."""
+    new = {k: v for k, v in {**h, **changes}.items() if v is not ...}
+    return _frame(json.dumps(new).encode(), value)
+
+
+Damage = Callable[[dict[str, Any], bytes], bytes]  # (header, value) -> the damaged object
+_DAMAGE: dict[str, Damage] = {
+    "empty": lambda h, v: b"",
+    "not-a-record": lambda h, v: b"PK\x03\x04 something else",
+    "truncated-length": lambda h, v: _MAGIC + b"\x00\x00",
+    "truncated-header": lambda h, v: _frame(json.dumps(h).encode())[:20],
+    "length-past-end": lambda h, v: _frame(json.dumps(h).encode(), b"", n=len(json.dumps(h)) + 10),
+    "length-short": lambda h, v: _frame(json.dumps(h).encode(), v, n=len(json.dumps(h)) - 1),
+    "not-json": lambda h, v: _frame(b"{not json", v),
+    "not-utf8": lambda h, v: _frame(b'{"e": "\xff\xfe", "d": "x"}', v),
+    "deeply-nested": lambda h, v: _frame(b"[" * 100_000 + b"]" * 100_000, v),
+    "list": lambda h, v: _frame(json.dumps([h]).encode(), v),
+    "string": lambda h, v: _frame(b'"hello"', v),
+    "missing-etag": lambda h, v: _changed(h, v, e=...),
+    "missing-digest": lambda h, v: _changed(h, v, d=...),
+    "missing-seq": lambda h, v: _changed(h, v, s=...),
+    "missing-tags": lambda h, v: _changed(h, v, t=...),
+    "seq-str": lambda h, v: _changed(h, v, s="notanint"),
+    "seq-bool": lambda h, v: _changed(h, v, s=True),
+    "seq-float": lambda h, v: _changed(h, v, s=1.5),
+    "seq-nan": lambda h, v: _changed(h, v, s=float("nan")),
+    "seq-negative": lambda h, v: _changed(h, v, s=-1),
+    "seq-huge": lambda h, v: _changed(h, v, s=10**30),
+    "etag-int": lambda h, v: _changed(h, v, e=5),
+    "etag-list": lambda h, v: _changed(h, v, e=["x"]),
+    "digest-null": lambda h, v: _changed(h, v, d=None),
+    "digest-non-ascii": lambda h, v: _changed(h, v, d="é" * 64),
+    "tags-list": lambda h, v: _changed(h, v, t=["workflow", "w"]),
+    "tags-str": lambda h, v: _changed(h, v, t="workflow=w"),
+    "tag-value-int": lambda h, v: _changed(h, v, t={**h["t"], "workflow": 1}),
+    "tag-value-null": lambda h, v: _changed(h, v, t={**h["t"], "kind": None}),
+    "marker-int": lambda h, v: _changed(h, v, x=5),
+    "marker-path": lambda h, v: _changed(h, v, x="../../../_v/_items/_s/tx/1"),
+    "optimistic-flag": lambda h, v: _changed(h, v, o="yes"),
+    "tombstone-z": lambda h, v: _frame(b'{"z": 2}'),
+    "tombstone-extra": lambda h, v: _frame(json.dumps({"z": 1, "x": _TX, "e": "x"}).encode()),
+    "tombstone-marker": lambda h, v: _frame(b'{"z": 1, "x": {"a": 1}}'),
+}
+
+
+def _records(backend: S3Backend, p: Partition) -> None:
+    tags = {"workflow": "w", "kind": "k"}
+    for name in ("a/y", "c/x/1", DAMAGED):
+        backend.write(p, [make_put(name, name.encode(), tags=tags)])
+
+
+def _objects(backend: S3Backend) -> dict[str, bytes]:
+    return {k: backend.client.get_object(Bucket=BUCKET, Key=backend.root + k)["Body"].read() for k in _raw_keys(backend)}
+
+
+def _damage_record(backend: S3Backend, p: Partition, name: str, damage: Damage) -> bytes:
+    key = backend._rkey(p.key, name)
+    good = backend.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    n = int.from_bytes(good[4:8], "big")
+    bad = damage(json.loads(good[8 : 8 + n]), good[8 + n :])
+    backend.client.put_object(Bucket=BUCKET, Key=key, Body=bad)
+    return bad
+
+
+Paths = dict[str, tuple[str, tuple[Any, ...]]]  # label -> (method, args)
+
+
+def _read_paths(p: Partition) -> Paths:
+    """Every read the backend has: label -> (method, args)."""
+    return {
+        "get": ("get", (p, [DAMAGED])),
+        "get-many": ("get", (p, ["a/y", DAMAGED, "c/x/1"])),
+        "list": ("list", (p, ListQuery())),
+        "list-prefix-desc-limit": ("list", (p, ListQuery(prefix="c/x/1/", descending=True, limit=1))),
+        "list-values-false": ("list", (p, ListQuery(prefix="c/", values=False))),
+        "list-seq": ("list", (p, ListQuery(order="seq", descending=True))),
+        "list-range": ("list", (p, ListQuery(start="c/x/1/", stop="c/x/1/x"))),
+        "list-children": ("list", (p, ListQuery(prefix="c/x/", depth=0, children=True))),
+        "list-children-latest": ("list", (p, ListQuery(prefix="c/x/", depth=0, descending=True, limit=1, children=True))),
+        "list-children-keys": ("list", (p, ListQuery(prefix="c/x/", depth=0, children=True, values=False))),
+        "list-tag": ("list", (p, ListQuery(tags={"kind": "k"}))),
+        "list-indexed-tag": ("list", (p, ListQuery(order="seq", tags={"workflow": "w"}))),
+        "list-indexed-tag-latest": ("list", (p, ListQuery(order="seq", descending=True, limit=1, tags={"workflow": "w"}))),
+        "list-indexed-tag-keys": ("list", (p, ListQuery(prefix="c/", order="seq", tags={"workflow": "w"}, values=False))),
+        "partitions": ("partitions", (p.user, p.space)),
+        "recover": ("recover", (p,)),
+    }
+
+
+def _call(backend: S3Backend, face: str, method: str, args: tuple[Any, ...]) -> Any:
+    if face == "sync":
+        return getattr(backend, method)(*args)
+    return asyncio.run(getattr(backend, "a" + method)(*args))
+
+
+def _assert_corrupt(backend: S3Backend, paths: Paths, key: str) -> None:
+    """Every path, sync and async, raises CorruptItemError naming ``key`` (and nothing else escapes)."""
+    for label, (method, args) in paths.items():
+        for face in ("sync", "async"):
+            try:
+                got = _call(backend, face, method, args)
+            except CorruptItemError as exc:
+                assert exc.key == key, f"{label} {face}: names {exc.key!r}, not {key!r}: {exc}"
+                assert repr(key) in str(exc)
+            except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
+                pytest.fail(f"{label} {face}: {type(exc).__name__}: {exc}")
+            else:
+                pytest.fail(f"{label} {face}: returned {got!r} instead of raising CorruptItemError")
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_a_damaged_record_is_corrupt_on_every_read_path(s3_backend: S3Backend, damage: str) -> None:
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    _records(s3, p)
+    good = s3.get(p, ["a/y", "c/x/1"])
+    bad = _damage_record(s3, p, DAMAGED, _DAMAGE[damage])
+    before = _objects(s3)
+    _assert_corrupt(s3, _read_paths(p), DAMAGED)
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client, lease=0.0)  # a new process, every lease expired
+    try:
+        _assert_corrupt(fresh, {k: v for k, v in _read_paths(p).items() if k in ("get", "list", "recover")}, DAMAGED)
+    finally:
+        fresh.close()
+    assert _objects(s3) == before, "a read or recover changed the stored objects"
+    assert before[s3._rkey(p.key, DAMAGED)[len(s3.root) :]] == bad
+    # The damage stays contained: the other records read as before.
+    assert s3.get(p, ["a/y", "c/x/1"]) == good
+    assert s3.list(p, ListQuery(prefix="a/")) == good[:1]
+    assert s3.list(p, ListQuery(prefix="c/x/", depth=0)) == good[1:]
+
+
+def test_corrupt_reads_over_http(s3_http_backend: S3Backend) -> None:
+    s3 = s3_http_backend
+    p = Partition("u", "items", "s")
+    _records(s3, p)
+    for damage in ("length-past-end", "seq-str", "tags-list", "not-utf8"):
+        _damage_record(s3, p, DAMAGED, _DAMAGE[damage])
+        _assert_corrupt(s3, _read_paths(p), DAMAGED)
+        s3.write(p, [make_put(DAMAGED, b"v", tags={"workflow": "w", "kind": "k"})])
+        assert [r.name for r in s3.list(p, ListQuery())] == ["a/y", "c/x/1", DAMAGED]
+
+
+def test_stray_keys_are_corrupt_not_another_record(s3_backend: S3Backend) -> None:
+    """Keys that are not a record's / an index entry's / a manifest's are never read as another record."""
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    _records(s3, p)
+    body = s3.client.get_object(Bucket=BUCKET, Key=s3._rkey(p.key, "c/x/1"))["Body"].read()
+    paths = _read_paths(p)
+    listings = {  # the name listings that reach the stray keys
+        k: v for k, v in paths.items() if k.startswith("list") and not any(w in k for w in ("indexed", "prefix", "range"))
+    }
+    # Without the checks the first was read as "c/x/1" a second time (its last character
+    # taken for the "~"), the others raised ValueError.
+    for tail in (_invert("c/x/1") + "q", _invert(DAMAGED) + "~x", _invert(DAMAGED) + "é~"):
+        key = s3._rprefix(p.key) + tail
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=body)
+        _assert_corrupt(s3, {**listings, "recover": paths["recover"]}, f"r/{tail}")
+        assert s3.get(p, ["c/x/1"])[0] is not None  # reads by name never meet it
+        s3.client.delete_object(Bucket=BUCKET, Key=key)
+    base = s3._tprefix(p.key, "workflow", "w")[len(s3.root) :]
+    indexed = {k: v for k, v in paths.items() if "indexed" in k and "latest" not in k}  # latest: stops before
+    for stray, reads in (
+        (base + "notaseq/c/x/1", {**indexed, "recover": paths["recover"]}),
+        (base + "0" * 20 + "/c/é", {**indexed, "recover": paths["recover"]}),
+        (base.rsplit("/", 2)[0] + "/xyz/" + "0" * 20 + "/a/y", {"recover": paths["recover"]}),  # no tag's hash
+    ):
+        s3.client.put_object(Bucket=BUCKET, Key=s3.root + stray, Body=b"")
+        _assert_corrupt(s3, reads, "t/" + stray.split("/t/", 1)[1])
+        s3.client.delete_object(Bucket=BUCKET, Key=s3.root + stray)
+    s3.client.put_object(Bucket=BUCKET, Key=f"{s3.root}{p.key}/tx/not-a-batch", Body=b"x")
+    _assert_corrupt(s3, {"recover": paths["recover"]}, "tx/not-a-batch")
+    assert [r.name for r in s3.list(p, ListQuery())] == ["a/y", "c/x/1", DAMAGED]
+
+
+def test_a_damaged_partition_name_is_corrupt(s3_backend: S3Backend) -> None:
+    s3 = s3_backend
+    long_name, other = "n" * 400, "m" * 400  # hashed partition keys: the raw name is kept in <p>/p
+    p, q = Partition("u", "items", long_name), Partition("u", "items", other)
+    s3.write(p, [make_put("k", b"v")])
+    s3.write(q, [make_put("k", b"v")])
+    assert s3.partitions("u", "items") == sorted([long_name, other])
+    pkey = f"{s3.root}{p.key}/p"
+    label = p.key.rsplit("/", 1)[1] + "/p"
+    for bad in (b"\xff\xfe", other.encode(), b""):  # not UTF-8; another partition's name; empty
+        s3.client.put_object(Bucket=BUCKET, Key=pkey, Body=bad)
+        _assert_corrupt(s3, {"partitions": ("partitions", ("u", "items"))}, label)
+    s3.client.put_object(Bucket=BUCKET, Key=pkey, Body=long_name.encode())
+    assert s3.partitions("u", "items") == sorted([long_name, other])
+    # A prefix that is no partition's encoding (upper/lower-case escape) holding a record.
+    stray = Partition("u", "items", "a/b").key.replace("%2F", "%2f")
+    record = s3.client.get_object(Bucket=BUCKET, Key=s3._rkey(q.key, "k"))["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=f"{s3.root}{stray}/r/{_invert('k')}~", Body=record)
+    _assert_corrupt(s3, {"partitions": ("partitions", ("u", "items"))}, stray.rsplit("/", 1)[1])
+
+
+# -- damaged batch objects: manifests and markers ------------------------------------
+
+
+def _pending_classic(s3: S3Backend, p: Partition, tx: str) -> tuple[bytes, list[Put]]:
+    """A classic batch over a, b (puts) and c (delete) that crashed after its first record landed."""
+    s3.write(p, [make_put(n, b"old") for n in ("a", "b", "c")])
+    current = {n: s3._get_obj(s3._rkey(p.key, n)) for n in ("a", "b", "c")}
+    puts = [make_put(n, b"new") for n in ("a", "b")]
+    ops = [(put.name, current[put.name][1], _record_body(put, 10**15 + i, tx), False) for i, put in enumerate(puts)]
+    ops.append(("c", current["c"][1], _tombstone(tx), True))
+    manifest = S3Backend._manifest(ops)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, tx), Body=manifest)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._rkey(p.key, "a"), Body=ops[0][2])
+    return manifest, puts
+
+
+def _manifest_damage(manifest: bytes, tx: str) -> dict[str, bytes]:
+    n = int.from_bytes(manifest[4:8], "big")
+    header, bodies = json.loads(manifest[8 : 8 + n]), manifest[8 + n :]
+
+    def framed(h: Any, rest: bytes = bodies) -> bytes:
+        raw = json.dumps(h).encode()
+        return _TX_MAGIC + len(raw).to_bytes(4, "big") + raw + rest
+
+    shifted = [dict(op) for op in header]
+    shifted[0]["l"] += 1
+    shifted[1]["l"] -= 1
+    other_tx = _pending_body_of(header, bodies, 0).replace(tx.encode(), f"{2:020d}-{'cd' * 16}".encode())
+    return {
+        "empty": b"",
+        "garbage": b"garbage",
+        "magic-only": _TX_MAGIC,
+        "truncated": manifest[: len(manifest) // 2],
+        "length-past-end": _TX_MAGIC + (len(manifest)).to_bytes(4, "big") + manifest[8:],
+        "not-json": _TX_MAGIC + (5).to_bytes(4, "big") + b"{[}]x" + bodies,
+        "not-utf8": framed(None)[:8] + b"\xff\xfe\xfd\xfc" + bodies,
+        "dict-not-list": framed({"n": "a"}),
+        "empty-list": framed([]),
+        "op-missing-name": framed([{k: v for k, v in op.items() if k != "n"} for op in header]),
+        "op-bad-name": framed([{**header[0], "n": "../x"}, *header[1:]]),
+        "op-name-twice": framed([header[0], {**header[1], "n": header[0]["n"]}, header[2]]),
+        "op-length-str": framed([{**header[0], "l": "12"}, *header[1:]]),
+        "op-length-negative": framed([{**header[0], "l": -1}, *header[1:]]),
+        "op-length-past-end": framed([*header[:2], {**header[2], "l": header[2]["l"] + 1000}]),
+        "op-lengths-shifted": framed(shifted),  # op 0 would get op 1's first byte
+        "op-etag-int": framed([{**header[0], "p": 7}, *header[1:]]),
+        "op-delete-not-bool": framed([{**header[0], "d": "no"}, *header[1:]]),
+        "op-delete-flag-wrong": framed([{**header[0], "d": True}, *header[1:]]),
+        "body-damaged": framed(header, b"X" + bodies[1:]),
+        "body-of-another-batch": framed(header, other_tx + bodies[header[0]["l"] :]),
+        "trailing-bytes": manifest + b"more",
+        "optimistic-not-json": _TX_MAGIC + b"{nope",
+        "optimistic-names-not-list": _TX_MAGIC + b'{"o":1,"n":"a"}',
+    }
+
+
+def _pending_body_of(header: list[dict[str, Any]], bodies: bytes, i: int) -> bytes:
+    pos = sum(op["l"] for op in header[:i])
+    return bodies[pos : pos + header[i]["l"]]
+
+
+def test_a_pending_batch_is_rolled_forward_when_its_manifest_is_intact(s3_backend: S3Backend) -> None:
+    """The control for the test below: the same constructed batch, undamaged, rolls forward."""
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    _pending_classic(s3, p, _TX)
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client)
+    try:
+        assert [(r.name, r.value) for r in fresh.list(p, ListQuery())] == [("a", b"new"), ("b", b"new")]
+        assert not [k for k in _raw_keys(s3) if "/tx/" in k]
+    finally:
+        fresh.close()
+
+
+_MANIFEST_DAMAGE = [
+    "empty", "garbage", "magic-only", "truncated", "length-past-end", "not-json", "not-utf8", "dict-not-list",
+    "empty-list", "op-missing-name", "op-bad-name", "op-name-twice", "op-length-str", "op-length-negative",
+    "op-length-past-end", "op-lengths-shifted", "op-etag-int", "op-delete-not-bool", "op-delete-flag-wrong",
+    "body-damaged", "body-of-another-batch", "trailing-bytes", "optimistic-not-json", "optimistic-names-not-list",
+]  # the keys of _manifest_damage()
+
+
+@pytest.mark.parametrize("damage", _MANIFEST_DAMAGE)
+def test_a_damaged_manifest_is_corrupt_and_nothing_is_rolled_or_deleted(s3_backend: S3Backend, damage: str) -> None:
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    manifest, _ = _pending_classic(s3, p, _TX)
+    damaged = _manifest_damage(manifest, _TX)
+    assert sorted(damaged) == sorted(_MANIFEST_DAMAGE)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=damaged[damage])
+    before = _objects(s3)
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client, lease=0.0)  # a new process, the batch long expired
+    try:
+        # "a" carries the batch's marker: every read that meets it names it.
+        paths = {
+            "get": ("get", (p, ["a"])),
+            "get-many": ("get", (p, ["a", "b", "c"])),
+            "list": ("list", (p, ListQuery())),
+            "list-keys": ("list", (p, ListQuery(values=False))),
+            "list-latest": ("list", (p, ListQuery(descending=True, limit=3))),
+            "list-seq": ("list", (p, ListQuery(order="seq"))),
+        }
+        for backend in (s3, fresh):
+            _assert_corrupt(backend, paths, "a")
+            _assert_corrupt(backend, {"recover": ("recover", (p,))}, f"tx/{_TX}")
+            # A read that does not meet the marker is not concerned.
+            assert [r.value for r in backend.get(p, ["b"])] == [b"old"]
+        assert _objects(s3) == before, "a damaged manifest made a reader or recover write or delete"
+        # The write paths over "a" refuse too, rather than overwrite it or the batch.
+        with pytest.raises(CorruptItemError):
+            fresh.write(p, [make_put("a", b"x", mode=Mode.CREATE)])
+        assert _objects(s3) == before
+    finally:
+        fresh.close()
+
+
+def test_a_damaged_optimistic_manifest_is_corrupt_and_nothing_is_deleted(s3_backend: S3Backend) -> None:
+    s3 = s3_backend
+    p = Partition("u", "langgraph", "t")
+    s3.write(p, [make_put("w/old", b"o", mode=Mode.APPEND)])
+    puts = [make_put(f"w/{i}", b"v", mode=Mode.APPEND) for i in range(2)]
+    pending = _record_body(puts[0], 10**15, _TX, optimistic=True)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._rkey(p.key, puts[0].name), Body=pending)
+    good = _TX_MAGIC + json.dumps({"o": 1, "n": [put.name for put in puts]}).encode()
+    for bad in (
+        b"",
+        _TX_MAGIC + b"{",
+        _TX_MAGIC + b'{"o":1}',
+        _TX_MAGIC + b'{"o":1,"n":[1,2]}',
+        _TX_MAGIC + b'{"o":1,"n":["w/0","w/0"]}',
+        _TX_MAGIC + b'{"o":2,"n":["w/0"]}',
+        _TX_MAGIC + b'{"o":1,"n":["w/0"],"a":"yes"}',
+        _TX_MAGIC + b'["o","n"]',
+        _TX_MAGIC + b'{"o":1,"n":["../../x"]}',
+    ):
+        s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=bad)
+        before = _objects(s3)
+        fresh = S3Backend(BUCKET, s3.root, client=s3.client, lease=0.0)
+        try:
+            _assert_corrupt(fresh, {"get": ("get", (p, ["w/0"])), "list": ("list", (p, ListQuery()))}, "w/0")
+            _assert_corrupt(fresh, {"recover": ("recover", (p,))}, f"tx/{_TX}")
+        finally:
+            fresh.close()
+        assert _objects(s3) == before, bad
+    # Control: the intact manifest of this expired batch is aborted by a reader, its record deleted.
+    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=good)
+    assert s3.get(p, ["w/0", "w/old"])[0] is None
+    assert s3.recover(p) == (0, 0)
+    assert [k for k in _raw_keys(s3) if "/tx/" in k or _invert("w/0") in k] == []
+
+
+def test_recover_reports_damage_and_still_recovers_the_rest(s3_backend: S3Backend) -> None:
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    _pending_classic(s3, p, _TX)  # intact: recover rolls it forward
+    s3.write(p, [make_put("z", b"z")])
+    _damage_record(s3, p, "z", _DAMAGE["seq-str"])
+    with pytest.raises(CorruptItemError) as info:
+        s3.recover(p)
+    assert info.value.key == "z" and "rolled 1 batch(es) forward" in str(info.value)
+    assert [(r.name, r.value) for r in s3.list(p, ListQuery(stop="z"))] == [("a", b"new"), ("b", b"new")]
+    assert not [k for k in _raw_keys(s3) if "/tx/" in k]

@@ -102,6 +102,19 @@ two processes running the same task of the same thread).
 backend instance (and above the seq of any record a write replaced):
 strictly increasing within a process, ordered by wall clock across processes.
 
+**Damaged objects.** Every object the backend reads (record, tombstone,
+manifest, index entry key, listed key, stored partition name) is checked
+before it is used: its framing, then every header field's type, with a few
+cheap tests on the read path (the reason is only worked out on failure).
+Anything else is :class:`~checkpointers.errors.CorruptItemError` naming the
+record (a listed key that is not a record's: ``r/<key>``; a manifest:
+``tx/<id>``), on every read, sync and async, never another exception and
+never another record's data. A record carrying the marker of a batch whose
+manifest is damaged is corrupt too: the batch can be neither rolled forward
+nor aborted, so nothing is written or deleted because of it, and
+:meth:`S3Backend.recover` leaves damaged objects in place, recovers the rest
+and then raises.
+
 With ``conditional_writes=False`` (for endpoints without conditional
 writes) conditions are checked by a HEAD before the write: a weaker mode
 where two racing writers can both win.
@@ -118,6 +131,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -131,7 +145,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from . import url_flag
-from .._names import Partition, decode_component
+from .._names import Partition, decode_component, encode_component
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
 from .base import (
     Backend,
@@ -162,6 +176,10 @@ _OPTIMISTIC_MODES = (Mode.APPEND, Mode.CREATE)  # UPSERTs usually replace: the c
 _SEQ_SPAN = 10**20 - 1  # seqs are microsecond timestamps, far below this
 _PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_TX_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}\Z")  # a batch id, as a marker or a manifest's key
+_NAME = re.compile(r"[%\-/0-9A-Z_a-z]*\Z")  # a record name (= its inverted form)
+_RKEY_TAIL = re.compile(r"[%\-/0-9A-Z_a-z]*~\Z")  # an inverted name + _END
+_ENTRY_TAIL = re.compile(r"[0-9a-f]{40}/([0-9]{20})/([%\-/0-9A-Z_a-z]*)\Z")  # <h>/<inverted seq>/<name>
 
 
 class ConditionalWritesUnsupportedError(CheckpointerError, NotImplementedError):
@@ -229,6 +247,7 @@ class _Obj:
     tx: str | None
     s3etag: str
     optimistic: bool = False  #: the marker is an optimistic batch's (see ``_optimistic``)
+    name: str = ""  #: the record name it was read under (also for a tombstone)
 
 
 def _encode(header: dict[str, Any], value: bytes) -> bytes:
@@ -237,17 +256,91 @@ def _encode(header: dict[str, Any], value: bytes) -> bytes:
 
 
 def _decode(name: str, body: bytes, s3etag: str, values: bool = True) -> _Obj:
-    if body[:4] != _MAGIC:
-        raise CorruptItemError(name, "S3 object is not a checkpointers record")
+    """A record object's bytes as an :class:`_Obj`; :class:`CorruptItemError` naming ``name`` if damaged.
+
+    Layout: ``CKS3``, the header's length (4 bytes, big-endian), the header
+    (a JSON object), the value. A record's header is ``{"e": etag, "d":
+    digest, "s": seq, "t": {tag: value}}`` plus ``"x": batch id`` (a
+    marker) and ``"o": 1`` (the batch is optimistic); a tombstone's is
+    ``{"z": 1, "x": batch id}``. Every field is checked for its type with a
+    few cheap tests; the reason is only worked out when one fails.
+    """
     n = int.from_bytes(body[4:8], "big")
+    if body[:4] != _MAGIC or len(body) < 8 + n:
+        raise CorruptItemError(name, _framing_problem(body, _MAGIC, "record"))
     try:
         h = json.loads(body[8 : 8 + n])
-    except ValueError as exc:
-        raise CorruptItemError(name, f"record header does not decode: {exc}") from exc
-    if h.get("z"):
-        return _Obj(None, h.get("x"), s3etag)
-    value = body[8 + n :] if values else b""
-    return _Obj(Record(name, value, h["t"], h["e"], h["d"], h["s"]), h.get("x"), s3etag, bool(h.get("o")))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CorruptItemError(name, f"record header does not decode: {type(exc).__name__}: {exc}") from None
+    if type(h) is dict:
+        tx = h.get("x")
+        if tx is not None and not (type(tx) is str and _TX_ID.match(tx)):
+            pass  # a damaged marker: reported below
+        elif "z" in h:
+            if h["z"] == 1 and len(h) == (1 if tx is None else 2):
+                return _Obj(None, tx, s3etag, False, name)
+        else:
+            e, d, s, t = h.get("e"), h.get("d"), h.get("s"), h.get("t")
+            if (
+                type(e) is str
+                and type(d) is str
+                and type(s) is int
+                and type(t) is dict
+                and 0 <= s <= _SEQ_SPAN
+                and e.isascii()
+                and d.isascii()
+                and h.get("o", 1) == 1
+                and (not t or all(type(v) is str for v in t.values()))  # JSON keys are str
+            ):
+                record = Record(name, body[8 + n :] if values else b"", t, e, d, s)
+                return _Obj(record, tx, s3etag, "o" in h, name)
+    raise CorruptItemError(name, _header_problem(h))
+
+
+def _framing_problem(body: bytes, magic: bytes, what: str) -> str:
+    """Why ``body`` is not framed as ``magic`` + header length + header (+ the rest)."""
+    if not body:
+        return f"the S3 object is empty, not a checkpointers {what}"
+    if body[:4] != magic:
+        return f"the S3 object is not a checkpointers {what} (starts with {body[:8]!r})"
+    if len(body) < 8:
+        return f"the S3 object is truncated inside the {what} header's length ({len(body)} bytes)"
+    n = int.from_bytes(body[4:8], "big")
+    return f"the {what} header's length ({n:,} bytes) runs past the end of the object ({len(body) - 8:,} bytes after it)"
+
+
+def _header_problem(h: Any) -> str:
+    """Why a decoded record header ``h`` is not one (called only when a check failed)."""
+    if type(h) is not dict:
+        return f"record header is a JSON {type(h).__name__}, not an object"
+    tx = h.get("x")
+    if tx is not None and not (type(tx) is str and _TX_ID.match(tx)):
+        return f"record header's batch marker 'x' is {_shown(tx)}, not a batch id"
+    if "z" in h:
+        return f"tombstone header is {_shown(h)}, not {{'z': 1, 'x': batch id}}"
+    for key, kind in (("e", "str"), ("d", "str"), ("s", "int"), ("t", "dict")):
+        if key not in h:
+            return f"record header has no {key!r} field"
+        if type(h[key]).__name__ != kind:
+            return f"record header's {key!r} is {_shown(h[key])}, not a {kind}"
+    if not 0 <= h["s"] <= _SEQ_SPAN:
+        return f"record header's seq {h['s']!r} is out of range"
+    for key in ("e", "d"):
+        if not h[key].isascii():
+            return f"record header's {key!r} is {_shown(h[key])}, not ASCII"
+    if h.get("o", 1) != 1:
+        return f"record header's optimistic flag 'o' is {_shown(h['o'])}, not 1"
+    bad = next(((k, v) for k, v in h["t"].items() if type(k) is not str or type(v) is not str), None)
+    if bad is not None:
+        return f"record header's tags map {_shown(bad[0])} to {_shown(bad[1])}: tags are str -> str"
+    return f"record header {_shown(h)} is not a record's"
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, with its type when that is not obvious."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return shown if isinstance(value, (str, dict, list)) else f"{shown} ({type(value).__name__})"
 
 
 def _record_body(put: Put, seq: int, tx: str | None = None, optimistic: bool = False) -> bytes:
@@ -405,6 +498,11 @@ class S3Backend(Backend):
         unmarked manifests older than ``lease`` seconds, and removes leftover
         tombstones. Returns ``(rolled_forward, aborted)``. Unreferenced staged
         blobs are removed by the layer above (``prune``).
+
+        Damaged objects (a manifest, record or index entry that does not
+        decode) are left in place, and never the reason to apply, abort or
+        delete anything; once everything else is recovered, the first one is
+        raised as :class:`~checkpointers.errors.CorruptItemError`.
         """
         with translate_errors(self.where):
             return self._recover(partition.key)
@@ -462,7 +560,19 @@ class S3Backend(Backend):
         return self._rprefix(pkey) + _invert(name) + _END
 
     def _name_of(self, pkey: str, key: str) -> str:
-        return key[len(self._rprefix(pkey)) : -len(_END)].translate(_INVERT)
+        """The record name of a listed record key; :class:`CorruptItemError` for a key that is not one.
+
+        A stray or damaged key (no ``~``, characters outside the names'
+        alphabet) would otherwise map to another record's name.
+        """
+        tail = key[len(self._rprefix(pkey)) :]
+        if not _RKEY_TAIL.match(tail):
+            raise CorruptItemError(
+                f"r/{tail}",
+                "an S3 object among the partition's records has a key that is not a record's "
+                "(an inverted name followed by '~'): a stray or damaged object",
+            )
+        return tail[: -len(_END)].translate(_INVERT)
 
     def _txkey(self, pkey: str, tx: str) -> str:
         return f"{self.root}{pkey}/tx/{tx}"
@@ -606,7 +716,7 @@ class S3Backend(Backend):
         its S3 ETag, so a writer can still replace it conditionally.
         """
         if obj is not None and obj.tx in hidden:
-            return _Obj(None, obj.tx, obj.s3etag, obj.optimistic)
+            return _Obj(None, obj.tx, obj.s3etag, obj.optimistic, obj.name)
         return obj
 
     def _read(self, pkey: str, names: list[str]) -> list[_Obj | None]:
@@ -647,7 +757,17 @@ class S3Backend(Backend):
             again = False
             rolled = False
             for tx, optimistic in pending:
-                state = self._complete(pkey, tx)
+                try:
+                    state = self._complete(pkey, tx)
+                except CorruptItemError as exc:
+                    if exc.key != f"tx/{tx}":
+                        raise
+                    name = next(o.name for o in objs if o.tx == tx)
+                    raise CorruptItemError(
+                        name,
+                        f"it carries the marker of batch {tx}, whose manifest is damaged ({exc.reason}): "
+                        f"the batch can be neither completed nor discarded, so the record is not returned",
+                    ) from exc
                 if state == "open":
                     hidden.add(tx)
                     again = True
@@ -866,17 +986,29 @@ class S3Backend(Backend):
         self._delete_obj(mkey, metag)
         return verdict
 
-    def _abort(self, pkey: str, tx: str, names: list[str], metag: str) -> None:
-        """Abort an optimistic batch older than the lease: mark it, delete its records, then it."""
+    def _abort(self, pkey: str, tx: str, names: list[str], metag: str) -> list[CorruptItemError]:
+        """Abort an optimistic batch older than the lease: mark it, delete its records, then it.
+
+        A record that does not decode is left alone (it may be anyone's
+        damaged data), and so is the manifest then, so that the batch's other
+        records stay invisible; the errors are returned (``recover`` raises them).
+        """
         aborted = _TX_MAGIC + json.dumps({"o": 1, "n": names, "a": 1}, separators=(",", ":")).encode()
         etag = self._put_obj(self._txkey(pkey, tx), aborted, match=metag)
         if etag is None:
-            return  # committed or aborted by someone else meanwhile
+            return []  # committed or aborted by someone else meanwhile
+        damaged: list[CorruptItemError] = []
         for name in names:
-            obj = self._fetch(pkey, name, False)
+            try:
+                obj = self._fetch(pkey, name, False)
+            except CorruptItemError as exc:
+                damaged.append(exc)
+                continue
             if obj is not None and obj.tx == tx:
                 self._delete_obj(self._rkey(pkey, name), obj.s3etag)
-        self._delete_obj(self._txkey(pkey, tx), etag)
+        if not damaged:
+            self._delete_obj(self._txkey(pkey, tx), etag)
+        return damaged
 
     def _batch(self, pkey: str, puts: list[Put], deletes: list[Delete], seqs: list[int]) -> list[Record] | Conflict:
         """Several non-staged operations: pre-read, evaluate, commit a manifest, apply."""
@@ -917,16 +1049,76 @@ class S3Backend(Backend):
 
     @staticmethod
     def _ops(tx: str, data: bytes) -> list[tuple[str, str | None, bytes, bool]] | dict[str, Any]:
-        """A classic manifest's operations, or an optimistic manifest's header (a dict)."""
-        if data[:4] != _TX_MAGIC:
-            raise CorruptItemError(f"tx/{tx}", "not a checkpointers batch manifest")
-        if data[4:5] == b"{":
-            return dict(json.loads(data[4:]))
+        """A classic manifest's operations, or an optimistic manifest's header (a dict).
+
+        Checked in full before anything acts on it (a roll-forward writes its
+        bodies, an abort deletes the records it names): a damaged manifest is
+        a :class:`CorruptItemError` naming ``tx/<id>``, and nothing is
+        written or deleted because of it. Each body must be a record (or, for
+        a delete, a tombstone) carrying this batch's marker, and the bodies
+        must fill the manifest exactly, so a damaged length can never hand
+        one operation another's bytes.
+        """
+        label = f"tx/{tx}"
+        if data[:4] == _TX_MAGIC and data[4:5] == b"{":
+            try:
+                h = json.loads(data[4:])
+            except (ValueError, RecursionError) as exc:
+                reason = f"optimistic batch manifest does not decode: {type(exc).__name__}: {exc}"
+                raise CorruptItemError(label, reason) from exc
+            names = h.get("n") if type(h) is dict else None
+            if (
+                type(names) is list
+                and h.get("o") == 1
+                and h.get("a", 1) == 1
+                and all(type(n) is str and _NAME.match(n) for n in names)
+                and len(set(names)) == len(names)
+            ):
+                return h
+            raise CorruptItemError(
+                label, f"optimistic batch manifest {_shown(h)} is not {{'o': 1, 'n': [distinct record names]}}"
+            )
         n = int.from_bytes(data[4:8], "big")
-        pos, ops = 8 + n, []
-        for op in json.loads(data[8 : 8 + n]):
-            ops.append((op["n"], op["p"], data[pos : pos + op["l"]], op["d"]))
+        if data[:4] != _TX_MAGIC or len(data) < 8 + n:
+            raise CorruptItemError(label, _framing_problem(data, _TX_MAGIC, "batch manifest"))
+        try:
+            header = json.loads(data[8 : 8 + n])
+        except (ValueError, RecursionError) as exc:
+            raise CorruptItemError(label, f"batch manifest header does not decode: {type(exc).__name__}: {exc}") from exc
+        if type(header) is not list or not header:
+            raise CorruptItemError(label, f"batch manifest header is {_shown(header)}, not a list of operations")
+        pos, ops, seen = 8 + n, [], set()
+        for i, op in enumerate(header):
+            if not (
+                type(op) is dict
+                and type(op.get("n")) is str
+                and _NAME.match(op["n"])
+                and op["n"] not in seen
+                and "p" in op
+                and (op["p"] is None or type(op["p"]) is str)
+                and type(op.get("l")) is int
+                and 0 <= op["l"] <= len(data) - pos
+                and type(op.get("d")) is bool
+            ):
+                raise CorruptItemError(
+                    label,
+                    f"batch manifest operation {i} is {_shown(op)}, not {{'n': a record name not named before, "
+                    f"'p': S3 ETag or null, 'l': a body length within the manifest, 'd': bool}}",
+                )
+            name, body = op["n"], data[pos : pos + op["l"]]
+            try:
+                obj = _decode(name, body, "", False)
+            except CorruptItemError as exc:
+                reason = f"the body of operation {i} (record {name!r}) is damaged: {exc.reason}"
+                raise CorruptItemError(label, reason) from exc
+            if obj.tx != tx or obj.optimistic or (obj.record is None) != op["d"]:
+                kind = "tombstone" if op["d"] else "record"
+                raise CorruptItemError(label, f"the body of operation {i} (record {name!r}) is not this batch's {kind}")
+            seen.add(name)
+            ops.append((name, op["p"], body, op["d"]))
             pos += op["l"]
+        if pos != len(data):
+            raise CorruptItemError(label, f"{len(data) - pos:,} bytes follow the last operation's body")
         return ops
 
     def _apply(self, pkey: str, tx: str, ops: list[tuple[str, str | None, bytes, bool]]) -> None:
@@ -959,46 +1151,94 @@ class S3Backend(Backend):
         ops = self._ops(tx, got[0])
         if isinstance(ops, dict):
             if not ops.get("a") and time.time_ns() - int(tx.split("-", 1)[0]) > self.lease * 1e9:
-                self._abort(pkey, tx, list(ops["n"]), got[1])
+                self._abort(pkey, tx, list(ops["n"]), got[1])  # a damaged record left: recover reports it
             return "open"
         self._apply(pkey, tx, ops)
         return "rolled"
 
     def _recover(self, pkey: str) -> tuple[int, int]:
+        """See :meth:`recover`. Damaged objects are left in place and reported at the end.
+
+        Everything else is still recovered. A manifest that does not decode is
+        neither applied nor aborted (and the tombstones of its batch are
+        kept), a batch with a record that does not decode is rolled forward
+        if another of its records carries its marker (every operation is
+        conditioned on the ETag it replaces, so nothing the batch did not
+        mean to replace is overwritten) but never aborted, and an index entry
+        whose record does not decode is kept. Then the first damage found is
+        raised as :class:`CorruptItemError`, with the count of the others.
+        """
         rolled = aborted = 0
+        damaged: list[CorruptItemError] = []
+        damaged_tx: set[str] = set()
         now_ns = time.time_ns()
-        for key in self._keys(f"{self.root}{pkey}/tx/"):
-            tx = key.rsplit("/", 1)[-1]
+        txprefix = f"{self.root}{pkey}/tx/"
+        for key in self._keys(txprefix):
+            tx = key[len(txprefix) :]
+            if not _TX_ID.match(tx):
+                reason = "an S3 object among the batch manifests has a key that is not a batch id: a stray or damaged object"
+                damaged.append(CorruptItemError(f"tx/{tx}", reason))
+                continue
             got = self._get_obj(key)
             if got is None:
                 continue
-            ops = self._ops(tx, got[0])
+            try:
+                ops = self._ops(tx, got[0])
+            except CorruptItemError as exc:
+                damaged.append(exc)
+                damaged_tx.add(tx)
+                continue
             old = now_ns - int(tx.split("-", 1)[0]) > self.lease * 1e9
             if isinstance(ops, dict):
                 if old:
-                    self._abort(pkey, tx, list(ops["n"]), got[1])
-                    aborted += 1
+                    left = self._abort(pkey, tx, list(ops["n"]), got[1])
+                    damaged.extend(left)
+                    aborted += not left
                 continue
-            marked = any((o := self._fetch(pkey, op[0], False)) and o.tx == tx for op in ops)
+            marked = unknown = False
+            for op in ops:
+                try:
+                    obj = self._fetch(pkey, op[0], False)
+                except CorruptItemError as exc:
+                    damaged.append(exc)
+                    unknown = True
+                    continue
+                marked = marked or (obj is not None and obj.tx == tx)
             if marked:
                 self._apply(pkey, tx, ops)
                 rolled += 1
-            elif old:
+            elif old and not unknown:
                 self._delete_obj(key, got[1])
                 aborted += 1
         for key in self._keys(self._rprefix(pkey)):
-            got = self._get_obj(key)
-            if got is not None:
-                obj = _decode(key, got[0], got[1], False)
-                if obj.record is None:
-                    self._drop_tombstone(pkey, self._name_of(pkey, key), obj.s3etag)
+            try:
+                name = self._name_of(pkey, key)
+                got = self._get_obj(key)
+                obj = None if got is None else _decode(name, got[0], got[1], False)
+            except CorruptItemError as exc:
+                damaged.append(exc)
+                continue
+            if obj is not None and obj.record is None and obj.tx not in damaged_tx:
+                self._drop_tombstone(pkey, name, obj.s3etag)
         stale: list[str] = []
         for key in self._keys(f"{self.root}{pkey}/t/"):
-            seq, name = self._entry_of(key)
-            obj = self._fetch(pkey, name, False)
+            try:
+                seq, name = self._entry_of(pkey, key)
+                obj = self._fetch(pkey, name, False)
+            except CorruptItemError as exc:
+                damaged.append(exc)
+                continue
             if (obj is None or obj.record is None or obj.record.seq != seq) and self._expired(seq):
                 stale.append(key)
         self._delete_keys(stale)
+        if damaged:
+            first = damaged[0]
+            more = f"; {len(damaged) - 1} more damaged object(s) in this partition" if len(damaged) > 1 else ""
+            raise CorruptItemError(
+                first.key,
+                f"{first.reason} (recover left it in place and recovered the rest: rolled {rolled} "
+                f"batch(es) forward, aborted {aborted}{more})",
+            ) from first
         return rolled, aborted
 
     # -- tag index -------------------------------------------------------------
@@ -1015,11 +1255,20 @@ class S3Backend(Backend):
     def _put_entry(self, key: str) -> None:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=b"")
 
-    @staticmethod
-    def _entry_of(key: str) -> tuple[int, str]:
-        """(seq, record name) of an index entry key ``.../t/<hash>/<inverted seq>/<name>``."""
-        inv, name = key.split("/t/", 1)[1].split("/", 2)[1:]
-        return _SEQ_SPAN - int(inv), name
+    def _entry_of(self, pkey: str, key: str) -> tuple[int, str]:
+        """(seq, record name) of an index entry key ``<p>/t/<hash>/<inverted seq>/<name>``.
+
+        :class:`CorruptItemError` for a key of another shape (a stray or damaged object).
+        """
+        tail = key[len(f"{self.root}{pkey}/t/") :]
+        m = _ENTRY_TAIL.match(tail)
+        if m is None:
+            raise CorruptItemError(
+                f"t/{tail}",
+                "an S3 object in the partition's tag index has a key that is not an index entry's "
+                "(<hash>/<inverted seq>/<name>): a stray or damaged object",
+            )
+        return _SEQ_SPAN - int(m[1]), m[2]
 
     def _expired(self, seq: int) -> bool:
         """Whether a write that chose ``seq`` is older than the lease (seqs are wall-clock µs)."""
@@ -1047,7 +1296,7 @@ class S3Backend(Backend):
             batch = []
             below = False  # reached seqs below `start`: the rest of the listing is lower still
             for key in page:
-                seq, name = self._entry_of(key)
+                seq, name = self._entry_of(pkey, key)
                 if lowest is not None and seq < lowest:
                     below = True
                     break
@@ -1240,19 +1489,33 @@ class S3Backend(Backend):
                 break
             args["ContinuationToken"] = resp["NextContinuationToken"]
 
+        def live(pkey: str) -> bool:
+            for page in self._pages(self._rprefix(pkey), page_size=20):
+                for key in page:
+                    name = self._name_of(pkey, key)
+                    got = self._get_obj(key)
+                    if got is not None and _decode(name, got[0], got[1], False).record is not None:
+                        return True
+            return False
+
         def name_if_live(encoded: str) -> str | None:
             pkey = base[len(self.root) :] + encoded
-            live = False
-            for page in self._pages(self._rprefix(pkey), page_size=20):
-                if any((o := self._get_obj(k)) and _decode(k, o[0], o[1], False).record for k in page):
-                    live = True
-                    break
-            if not live:
+            if not live(pkey):
                 return None
             raw = decode_component(encoded)
+            label = encoded
             if raw is None:
+                label = f"{encoded}/p"
                 got = self._get_obj(f"{self.root}{pkey}/p")
-                raw = None if got is None else got[0].decode("utf-8", "surrogatepass")
+                if got is None:
+                    return None  # dropped meanwhile (a write stores it before any record)
+                try:
+                    raw = got[0].decode("utf-8", "surrogatepass")
+                except UnicodeDecodeError as exc:
+                    raise CorruptItemError(label, f"the stored partition name is not UTF-8: {exc}") from exc
+            if encode_component(raw) != encoded:  # another partition's name, or a stray prefix
+                reason = f"the partition name {_shown(raw)} does not encode to its key {encoded!r}"
+                raise CorruptItemError(label, reason + ": a copied or damaged object")
             return raw
 
         return sorted(n for n in self._map(name_if_live, found) if n is not None)

@@ -1018,3 +1018,29 @@ def test_recover_reports_damage_and_still_recovers_the_rest(s3_backend: S3Backen
     assert info.value.key == "z" and "rolled 1 batch(es) forward" in str(info.value)
     assert [(r.name, r.value) for r in s3.list(p, ListQuery(stop="z"))] == [("a", b"new"), ("b", b"new")]
     assert not [k for k in _raw_keys(s3) if "/tx/" in k]
+
+
+@pytest.mark.parametrize(
+    "write",
+    ["create", "append", "if-match", "delete-if-match", "append-batch", "append-batch-second", "mixed-batch"],
+)
+def test_a_write_that_must_read_a_damaged_record_refuses_and_leaves_it(s3_backend: S3Backend, write: str) -> None:
+    s3 = s3_backend
+    p = Partition("u", "items", "s")
+    _records(s3, p)
+    _damage_record(s3, p, DAMAGED, _DAMAGE["seq-str"])
+    before = _objects(s3)
+    batch = {
+        "create": ([make_put(DAMAGED, b"x", mode=Mode.CREATE)], []),
+        "append": ([make_put(DAMAGED, b"x", mode=Mode.APPEND)], []),
+        "if-match": ([make_put(DAMAGED, b"x", mode=Mode.IF_MATCH, if_match="e")], []),
+        "delete-if-match": ([], [Delete(DAMAGED, if_match="e")]),
+        "append-batch": ([make_put(DAMAGED, b"x", mode=Mode.APPEND), make_put("n/1", b"x", mode=Mode.APPEND)], []),
+        "append-batch-second": ([make_put("n/1", b"x", mode=Mode.APPEND), make_put(DAMAGED, b"x", mode=Mode.APPEND)], []),
+        "mixed-batch": ([make_put("n/1", b"x"), make_put(DAMAGED, b"x", mode=Mode.APPEND)], []),
+    }[write]
+    for face in ("sync", "async"):
+        with pytest.raises(CorruptItemError) as info:
+            _call(s3, face, "write", (p, *batch))
+        assert info.value.key == DAMAGED
+        assert _objects(s3) == before, "the refused write left something behind or changed the record"

@@ -955,10 +955,15 @@ class S3Backend(Backend):
         records = [_as_record(put, seq) for put, seq in zip(puts, seqs)]
         landed = {i: etag for i, etag in enumerate(etags) if etag is not None}
         verdict: Conflict | None = None
+        damaged: CorruptItemError | None = None
         classic = False
         for i in (i for i, etag in enumerate(etags) if etag is None):
             put = puts[i]
-            (cur,) = self._read(pkey, [put.name])
+            try:
+                (cur,) = self._read(pkey, [put.name])
+            except CorruptItemError as exc:  # abort, then raise it
+                damaged = exc
+                break
             if cur is not None and cur.tx == tx:
                 landed[i] = cur.s3etag  # ours: a retried request whose first response was lost
             elif cur is None or cur.record is None or put.mode is Mode.UPSERT:
@@ -971,7 +976,7 @@ class S3Backend(Backend):
             else:
                 verdict = Conflict(i, put.name, cur.record)
                 break
-        if verdict is None and not classic:
+        if verdict is None and damaged is None and not classic:
             if not self._delete_obj(mkey, metag) and landed:
                 first = names[min(landed)]
                 obj = self._fetch(pkey, first, False)
@@ -984,6 +989,8 @@ class S3Backend(Backend):
             return records
         self._map(lambda i: self._delete_obj(self._rkey(pkey, names[i]), landed[i]), landed)
         self._delete_obj(mkey, metag)
+        if damaged is not None:
+            raise damaged
         return verdict
 
     def _abort(self, pkey: str, tx: str, names: list[str], metag: str) -> list[CorruptItemError]:

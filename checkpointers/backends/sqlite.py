@@ -373,7 +373,10 @@ def _record(row: Sequence[Any]) -> Record:
             parsed = None
         if type(parsed) is not dict or not all(type(v) is str for v in parsed.values()):
             raise _damaged(row)
-    if type(seq) is int and type(name) is str and type(etag) is str and type(digest) is str and type(value) is bytes:
+    if (
+        type(seq) is int and type(name) is str and type(etag) is str and type(digest) is str
+        and type(value) is bytes
+    ):
         return Record(name, value, parsed, etag, digest, seq)
     raise _damaged(row)
 
@@ -768,9 +771,10 @@ def _after_deletes(conn: sqlite3.Connection, freed: int, vacuumed: bool) -> None
     of a large value would move the new value's pages into the old one's);
     if switching back fails, or the process dies first, the file stays
     ``FULL``, which only makes such upserts slower, until the next large
-    delete switches it back (a file made ``FULL`` by hand is switched too). Then a ``TRUNCATE`` checkpoint that never waits
-    (:func:`_checkpoint_now`) empties the WAL, which carried the freed pages.
-    Best effort: the deletes are committed, nothing here may fail the call.
+    delete switches it back (a file made ``FULL`` by hand is switched too).
+    Then a ``TRUNCATE`` checkpoint that never waits (:func:`_checkpoint_now`)
+    empties the WAL, which carried the freed pages. Best effort: the deletes
+    are committed, nothing here may fail the call.
     """
     if vacuumed:
         try:
@@ -1077,7 +1081,10 @@ def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
             name = None
         # ``Partition.key`` is ``user_key + encode_component(name)``, spelled out here
         # (a Partition per row made the listing 5x slower); the property decides if not
-        if name is None or (pkey != user_key + encode_component(name) and Partition(user, space, name).key != pkey):
+        intact = name is not None and (
+            pkey == user_key + encode_component(name) or Partition(user, space, name).key == pkey
+        )
+        if not intact:
             raise CorruptItemError(
                 str(pkey),
                 f"the SQLite partitions row is damaged: its name column ({_shown(raw)}) "

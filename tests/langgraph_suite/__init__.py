@@ -1,0 +1,1 @@
+"""LangGraph's own test suite run against our savers: ``python -m tests.langgraph_suite``."""

@@ -1,0 +1,410 @@
+"""Run LangGraph's own test suite against our savers and compare with LangGraph's.
+
+    python -m tests.langgraph_suite                      # every saver
+    python -m tests.langgraph_suite --savers memory,sqlite -k interrupt
+    python -m tests.langgraph_suite --out /tmp/lg.txt -- -x   # after --: more pytest args
+
+What it does:
+
+1. downloads the sdist of the *installed* langgraph version with
+   ``pip download --no-deps --no-binary :all: langgraph==<version>`` and keeps its
+   ``tests/`` (and ``pyproject.toml``, which holds its pytest settings) in
+   ``.cache/langgraph-suite/<version>/`` (the package itself is not unpacked:
+   the tests run on the installed langgraph);
+2. picks every ``tests/test_*.py`` that uses the ``sync_checkpointer`` or
+   ``async_checkpointer`` fixture;
+3. runs them once per saver, each in its own pytest process (``--jobs`` at a
+   time), with ``checkpointers_lg_plugin`` (next to this file) putting that
+   saver into those fixtures without editing LangGraph's files; tests that
+   use neither fixture are deselected, as they do not depend on the saver;
+4. prints a table per saver (passed / failed / skipped against
+   ``InMemorySaver``) and lists every test that passes on ``InMemorySaver``
+   but not on a saver of ours, with its failure line.
+
+Savers: ``InMemorySaver`` (always run: the reference) and ``SqliteSaver``
+(``langgraph-checkpoint-sqlite``) are the controls; ``memory``, ``sqlite``,
+``redis`` and ``s3`` are ours (``MemoryCheckpointer``, ``SqliteCheckpointer``
+on a per-test file, ``RedisCheckpointer``, ``S3Checkpointer`` on moto in the
+test process), each bound to a fresh user per test (``--unbound``: not bound).
+Redis is ``REDIS_URL`` when set, else the server on 127.0.0.1:6379 if one
+answers (database ``--redis-db``, 9 by default), else a throwaway
+``redis-server`` on a free loopback port when the binary is installed;
+every key of the run carries a unique prefix and is removed at the end.
+
+Exit status: 0 when every test that passes on ``InMemorySaver`` passes on each
+saver of ours (bar the :data:`KNOWN` differences, listed with their reason), 1
+otherwise, 2 when a run could not start. Needs the ``langgraph-suite`` extra
+(``pip install -e '.[test,langgraph-suite]'``; ``make langgraph-suite`` does it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DEFAULT_CACHE = REPO / ".cache" / "langgraph-suite"
+REFERENCE = "InMemorySaver"
+CONTROLS = ("InMemorySaver", "SqliteSaver")
+OURS = ("memory", "sqlite", "redis", "s3")
+FIXTURE_RE = re.compile(r"\b(sync_checkpointer|async_checkpointer)\b")
+#: Tests that pass on InMemorySaver and cannot pass on a saver of ours, with why
+#: (a test reading InMemorySaver's internals is such a reason; a behaviour
+#: difference is not). Keys are test ids with the saver replaced by "*".
+KNOWN: dict[str, str] = {}
+
+
+def saver_id(name: str) -> str:
+    """The saver's name inside the pytest process (and in the test ids)."""
+    return name if name in CONTROLS else f"ours-{name}"
+
+
+# -- the sdist ------------------------------------------------------------------------
+
+
+def langgraph_version() -> str:
+    return metadata.version("langgraph")
+
+
+def fetch_suite(version: str, cache: Path) -> Path:
+    """``cache/<version>`` holding LangGraph's ``tests/`` and ``pyproject.toml``."""
+    root = cache / version
+    if (root / "tests" / "conftest.py").is_file() and (root / "pyproject.toml").is_file():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        command = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+            "--no-binary", ":all:", "--dest", tmp, f"langgraph=={version}",
+        ]  # fmt: skip
+        print(f"downloading the langgraph {version} sdist: {' '.join(command[2:])}", flush=True)
+        subprocess.run(command, check=True)
+        archives = sorted(Path(tmp).glob("langgraph-*.tar.gz"))
+        if not archives:
+            raise SystemExit(f"pip download left no langgraph-*.tar.gz in {tmp}")
+        staging = Path(tmp) / "unpacked"
+        with tarfile.open(archives[0]) as tar:
+            top = f"langgraph-{version}/"
+            members = [
+                m
+                for m in tar.getmembers()
+                if (m.name.startswith(top + "tests/") or m.name == top + "pyproject.toml")
+                and (m.isfile() or m.isdir())
+                and ".." not in Path(m.name).parts
+            ]
+            tar.extractall(staging, members=members)  # noqa: S202 (members filtered above)
+        if root.exists():
+            shutil.rmtree(root)
+        (staging / f"langgraph-{version}").rename(root)
+    return root
+
+
+def suite_files(root: Path) -> list[str]:
+    """Every ``tests/test_*.py`` that uses a checkpointer fixture, relative to ``root``."""
+    return [
+        str(path.relative_to(root))
+        for path in sorted((root / "tests").glob("test_*.py"))
+        if FIXTURE_RE.search(path.read_text(encoding="utf-8", errors="replace"))
+    ]
+
+
+def export_rev(rev: str, cache: Path) -> Path:
+    """``checkpointers/`` and ``adapters/`` as of git ``rev``, in ``cache/rev-<sha>`` (put first on PYTHONPATH)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    target = cache / f"rev-{sha[:12]}"
+    if not (target / "checkpointers" / "__init__.py").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", sha, "checkpointers", "adapters"], cwd=REPO, check=True, capture_output=True
+        ).stdout
+        import io
+
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(target)  # noqa: S202 (our own repository's archive)
+    return target
+
+
+# -- Redis ----------------------------------------------------------------------------
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisSource:
+    """Where ``redis`` runs: REDIS_URL, a local server that answers, or one we start."""
+
+    def __init__(self, db: int) -> None:
+        self.db = db
+        self.process: subprocess.Popen[bytes] | None = None
+        self.directory: str | None = None
+        self.url = ""
+        self.reason = ""
+
+    def __enter__(self) -> RedisSource:
+        if os.environ.get("REDIS_URL"):
+            self.url, self.reason = os.environ["REDIS_URL"], "REDIS_URL"
+        elif _answers("127.0.0.1", 6379):
+            self.url, self.reason = f"redis://127.0.0.1:6379/{self.db}", "the server on 127.0.0.1:6379"
+        elif shutil.which("redis-server"):
+            port = _free_port()
+            self.directory = tempfile.mkdtemp(prefix="lgsuite-redis-")
+            self.process = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.directory],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            deadline = time.monotonic() + 15
+            while not _answers("127.0.0.1", port):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"redis-server on port {port} did not start")
+                time.sleep(0.05)
+            self.url, self.reason = f"redis://127.0.0.1:{port}/0", f"a throwaway redis-server on port {port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# -- running --------------------------------------------------------------------------
+
+
+def run_saver(
+    name: str, root: Path, files: list[str], args: argparse.Namespace, redis_url: str, out_dir: Path
+) -> dict[str, Any]:
+    sid = saver_id(name)
+    results = out_dir / f"{sid}.json"
+    log = out_dir / f"{sid}.log"
+    results.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.update(
+        NO_DOCKER="true",  # LangGraph's own Postgres / Redis fixtures stay off
+        CHECKPOINTERS_LG_SAVER=sid,
+        CHECKPOINTERS_LG_RESULTS=str(results),
+        CHECKPOINTERS_LG_UNBOUND="1" if args.unbound else "",
+        CHECKPOINTERS_LG_REDIS_URL=redis_url,
+        CHECKPOINTERS_LG_REDIS_PREFIX=f"lgsuite-{uuid.uuid4().hex[:12]}",
+        CHECKPOINTERS_LG_S3_PLUGIN=str(REPO / "tests" / "plugins" / "s3_plugin.py"),
+        PYTHONPATH=os.pathsep.join([str(HERE), *args.code_path, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    command = [
+        sys.executable, "-m", "pytest",
+        "-p", "checkpointers_lg_plugin",
+        "-p", "no:cacheprovider",
+        "-p", "no:asyncio",  # LangGraph's async tests run on anyio, as in its own CI
+        "--rootdir", str(root), "-c", str(root / "pyproject.toml"),
+        "-q", "--no-header", "-rfE", f"--timeout={args.timeout}",
+        *(["-k", args.k] if args.k else []),
+        *files,
+        *args.pytest_args,
+    ]  # fmt: skip
+    started = time.monotonic()
+    with log.open("w") as handle:
+        handle.write(" ".join(command) + "\n\n")
+        handle.flush()
+        code = subprocess.run(command, cwd=root, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
+    elapsed = time.monotonic() - started
+    if not results.is_file():
+        return {"saver": sid, "name": name, "exitstatus": code, "results": {}, "elapsed": elapsed, "log": str(log)}
+    data = json.loads(results.read_text())
+    data.update(name=name, elapsed=elapsed, log=str(log))
+    return data
+
+
+def key_of(nodeid: str, param_id: str) -> str:
+    """The test id with the saver's id replaced by ``*`` (comparable across savers)."""
+    head, sep, params = nodeid.partition("[")
+    if not sep:
+        return nodeid
+    parts = params[:-1].split("-")
+    return head + "[" + "-".join("*" if part == param_id else part for part in parts) + "]"
+
+
+def summarize(runs: list[dict[str, Any]], version: str, files: list[str], args: argparse.Namespace) -> tuple[str, int]:
+    lines: list[str] = []
+    by_name = {r["name"]: r for r in runs}
+    ref = by_name.get(REFERENCE)
+    ref_results = {key_of(n, ref["param_id"]): v for n, v in ref["results"].items()} if ref and ref.get("results") else {}
+    ref_passed = {k for k, v in ref_results.items() if v["outcome"] == "passed"}
+    lines.append(
+        f"LangGraph {version}'s own tests: {len(files)} files using sync_checkpointer/async_checkpointer"
+        f"{f', -k {args.k!r}' if args.k else ''}; savers {'unbound' if args.unbound else 'bound to a fresh user per test'}"
+    )
+    code = sorted({r["checkpointers"] for r in runs if r.get("checkpointers") and r["name"] in OURS})
+    if code:
+        lines.append(f"our savers from: {', '.join(code)}{f' (git {args.rev})' if args.rev else ''}")
+    lines.append("")
+    header = f"{'saver':<22} {'tests':>6} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'xfailed':>8}  {'fail where InMemorySaver passes':>31}  {'time':>6}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    regressions: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    status = 0
+    for run in runs:
+        sid, name = run["saver"], run["name"]
+        results = run.get("results", {})
+        counts = Counter(v["outcome"] for v in results.values())
+        label = {"InMemorySaver": "InMemorySaver (ref)", "SqliteSaver": "SqliteSaver (control)"}.get(name, f"ours: {name}")
+        if not results:
+            lines.append(f"{label:<22} did not run (pytest exit {run.get('exitstatus')}): see {run.get('log')}")
+            status = max(status, 2)
+            continue
+        mine = {key_of(n, run["param_id"]): (n, v) for n, v in results.items()}
+        lost = sorted(
+            (k, n, v) for k, (n, v) in mine.items() if k in ref_passed and v["outcome"] != "passed"
+        )
+        missing = sorted(ref_passed - set(mine))
+        regressions[name] = lost
+        unexplained = [x for x in lost if x[0] not in KNOWN]
+        if name in OURS and (unexplained or (missing and not args.k)):
+            status = max(status, 1)
+        vs = "-" if name == REFERENCE else f"{len(lost)}" + (f" (+{len(missing)} not run)" if missing else "")
+        lines.append(
+            f"{label:<22} {len(results):>6} {counts['passed']:>7} {counts['failed']:>7} {counts['error']:>7} "
+            f"{counts['skipped']:>8} {counts['xfailed']:>8}  {vs:>31}  {run['elapsed']:>5.0f}s"
+        )
+    lines.append("")
+    if ref is None:
+        lines.append("InMemorySaver did not run: nothing to compare with.")
+        status = max(status, 2)
+    ref_failed = sorted(n for n, v in (ref or {}).get("results", {}).items() if v["outcome"] in ("failed", "error"))
+    if ref_failed:
+        lines.append(f"{len(ref_failed)} fail on InMemorySaver itself (not compared):")
+        lines.extend(f"  {n}  {ref['results'][n].get('crash', '')[:160]}" for n in ref_failed)
+        lines.append("")
+    for name, lost in regressions.items():
+        if name == REFERENCE or not lost:
+            continue
+        lines.append(f"{saver_id(name)}: {len(lost)} passing on InMemorySaver, not here:")
+        for key, nodeid, v in lost:
+            known = f"  [known: {KNOWN[key]}]" if key in KNOWN else ""
+            lines.append(f"  {v['outcome'].upper():<7} {nodeid}{known}")
+            if v.get("crash"):
+                lines.append(f"          {v['crash']}")
+        lines.append("")
+    ours_run = [r for r in runs if r["name"] in OURS and r.get("results")]
+    if ours_run and all(not regressions.get(r["name"]) for r in ours_run) and status == 0:
+        lines.append("Every test that passes on InMemorySaver passes on each saver of ours.")
+    ours_total = [r for r in runs if r["name"] in OURS]
+    passed_ours = sum(Counter(v["outcome"] for v in r.get("results", {}).values())["passed"] for r in ours_total)
+    failed_ours = sum(
+        sum(1 for v in r.get("results", {}).values() if v["outcome"] in ("failed", "error")) for r in ours_total
+    )
+    lines.append(f"ours: {passed_ours} passed, {failed_ours} failed")
+    return "\n".join(lines), status
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.langgraph_suite",
+        description="Run LangGraph's own test suite (from its sdist) against our savers.",
+        epilog="Arguments after -- go to every pytest run (e.g. -- -x --lf).",
+    )
+    parser.add_argument(
+        "--savers",
+        default="SqliteSaver,memory,sqlite,redis,s3",
+        help="comma-separated, from: InMemorySaver, SqliteSaver, memory, sqlite, redis, s3, all "
+        "(InMemorySaver, the reference, is always run; default: all)",
+    )
+    parser.add_argument("-k", default="", help="pytest -k expression for every run")
+    parser.add_argument("--files", default="", help="comma-separated test files (default: every file using the fixtures)")
+    parser.add_argument("--jobs", type=int, default=3, help="pytest processes at a time (default 3: the tests wait more than they compute)")
+    parser.add_argument("--timeout", type=int, default=300, help="per-test timeout in seconds (pytest-timeout)")
+    parser.add_argument("--unbound", action="store_true", help="do not bind our savers to a user (Redis: a fresh prefix per test)")
+    parser.add_argument("--redis-db", type=int, default=9, help="database on a local 127.0.0.1:6379 server (default 9)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"where sdists are unpacked (default {DEFAULT_CACHE})")
+    parser.add_argument(
+        "--rev",
+        default="",
+        help="run the savers of this git revision (its checkpointers/ and adapters/, exported with "
+        "git archive into the cache) instead of the working tree, e.g. --rev HEAD",
+    )
+    parser.add_argument("--out", type=Path, help="also write the report (and the pytest logs' tails) to this file")
+    parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.savers.split(",") if n.strip()]
+    if "all" in names:
+        names = [*CONTROLS, *OURS]
+    unknown = [n for n in names if n not in (*CONTROLS, *OURS)]
+    if unknown:
+        parser.error(f"unknown saver(s) {unknown}; known: {', '.join((*CONTROLS, *OURS))}")
+    args.names = [REFERENCE] + [n for n in dict.fromkeys(names) if n != REFERENCE]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    version = langgraph_version()
+    root = fetch_suite(version, args.cache)
+    files = [f.strip() for f in args.files.split(",") if f.strip()] or suite_files(root)
+    out_dir = root / "runs"
+    out_dir.mkdir(exist_ok=True)
+    args.code_path = [str(export_rev(args.rev, args.cache))] if args.rev else []
+    if args.rev:
+        print(f"savers from git revision {args.rev} ({args.code_path[0]}), not the working tree")
+    with RedisSource(args.redis_db) as redis_source:
+        if "redis" in args.names:
+            if not redis_source.url:
+                print("redis: no Redis (REDIS_URL unset, nothing on 127.0.0.1:6379, no redis-server): skipped")
+                args.names.remove("redis")
+            else:
+                print(f"redis: {redis_source.reason} ({redis_source.url}); keys under a unique lgsuite-* prefix, removed after")
+        print(f"langgraph {version}: {len(files)} files, savers {', '.join(args.names)}, {args.jobs} at a time; logs in {out_dir}", flush=True)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            # the slowest first (S3 on moto takes several times the others), so they overlap
+            slow_first = sorted(args.names, key=lambda n: {"s3": 0, "redis": 1, "sqlite": 2}.get(n, 3))
+            futures = {
+                pool.submit(run_saver, name, root, files, args, redis_source.url, out_dir): name for name in slow_first
+            }
+            done: dict[str, dict[str, Any]] = {}
+            for future in concurrent.futures.as_completed(futures):
+                run = future.result()
+                print(f"  {run['saver']}: done in {run['elapsed']:.0f}s (pytest exit {run.get('exitstatus')})", flush=True)
+                done[futures[future]] = run
+            runs = [done[name] for name in args.names]
+    report, status = summarize(runs, version, files, args)
+    print()
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

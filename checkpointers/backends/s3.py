@@ -322,7 +322,7 @@ def _header_problem(h: Any) -> str:
         if key not in h:
             return f"record header has no {key!r} field"
         if type(h[key]).__name__ != kind:
-            return f"record header's {key!r} is {_shown(h[key])}, not a {kind}"
+            return f"record header's {key!r} is {_shown(h[key])}, not {'an' if kind == 'int' else 'a'} {kind}"
     if not 0 <= h["s"] <= _SEQ_SPAN:
         return f"record header's seq {h['s']!r} is out of range"
     for key in ("e", "d"):

@@ -2,9 +2,11 @@
 
 The shared contract runs against SQLite through the ``backend`` fixture; this
 file checks what only SQLite has: several processes on one file, ``kill -9``
-mid-batch, schema migrations, bytes altered on disk, driver-error translation,
-literal prefixes with ``%``/``_``, the tag indexes (and their migration), and
-the sync/async faces sharing a file across event loops.
+mid-batch, schema migrations, bytes altered on disk (each column of a row, the
+tag index and the partitions table damaged, on every read path, sync and
+async), disk space and WAL size after large deletes, driver-error
+translation, literal prefixes with ``%``/``_``, the tag indexes (and their
+migration), and the sync/async faces sharing a file across event loops.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ in the test ids is in :data:`PARAM_IDS`):
   its ``InMemorySaver`` subclass asserting that stored checkpoints are never
   mutated; ``_checkpointer_sqlite`` / ``_checkpointer_sqlite_aio``);
 * ``ours-memory``, ``ours-sqlite``, ``ours-redis``, ``ours-s3``: our savers,
-  fresh for each test and bound to a fresh user (``for_user(uuid)``), or unbound
+  fresh for each test and bound to a fresh random user (``for_user(...)``), or unbound
   with ``CHECKPOINTERS_LG_UNBOUND=1`` (Redis then gets a fresh key prefix per
   test instead).
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import uuid
+import secrets
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ RESULTS = os.environ.get("CHECKPOINTERS_LG_RESULTS")
 UNBOUND = os.environ.get("CHECKPOINTERS_LG_UNBOUND", "") == "1"
 REDIS_URL = os.environ.get("CHECKPOINTERS_LG_REDIS_URL", "")
 #: Keys of this run in Redis start with it; removed at the end of the session.
-REDIS_PREFIX = os.environ.get("CHECKPOINTERS_LG_REDIS_PREFIX", f"lgsuite-{uuid.uuid4().hex[:12]}")
+REDIS_PREFIX = os.environ.get("CHECKPOINTERS_LG_REDIS_PREFIX", f"lgsuite-{secrets.token_hex(6)}")
 #: Our project's S3 test plugin (moto's conditional-write lock), loaded by path.
 S3_PLUGIN = os.environ.get("CHECKPOINTERS_LG_S3_PLUGIN", "")
 FIXTURES = ("sync_checkpointer", "async_checkpointer")
@@ -61,14 +61,20 @@ _s3: dict[str, Any] = {}
 # -- the fixtures -------------------------------------------------------------------
 
 
+def _token() -> str:
+    # Never uuid.uuid4(): LangGraph's deterministic_uuids fixture mocks it with a
+    # sequence, and one draw of ours would shift every id the test expects.
+    return secrets.token_hex(16)
+
+
 def _user() -> str:
-    return f"lg-{uuid.uuid4().hex}"
+    return f"lg-{_token()}"
 
 
 def _redis_url() -> str:
     if not REDIS_URL:
         pytest.fail("ours-redis: no Redis URL (CHECKPOINTERS_LG_REDIS_URL unset)", pytrace=False)
-    prefix = REDIS_PREFIX + (f"-{uuid.uuid4().hex[:12]}" if UNBOUND else "")
+    prefix = REDIS_PREFIX + (f"-{_token()[:12]}" if UNBOUND else "")
     return f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}"
 
 
@@ -83,7 +89,7 @@ def _ours(tmp_path: Path) -> Any:
     if SAVER == "ours-redis":
         return savers.RedisCheckpointer(_redis_url())
     if SAVER == "ours-s3":
-        return savers.S3Checkpointer(S3_BUCKET, f"t-{uuid.uuid4().hex}", client=_s3_client(), max_workers=8)
+        return savers.S3Checkpointer(S3_BUCKET, f"t-{_token()}", client=_s3_client(), max_workers=8)
     raise NotImplementedError(f"unknown saver {SAVER!r} (known: {', '.join(SAVERS)})")
 
 

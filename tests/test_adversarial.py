@@ -60,6 +60,8 @@ from checkpointers._names import encode_component as enc
 from checkpointers._saver_flows import ckpt_name, writes_prefix
 from checkpointers.backends import Backend
 from checkpointers.backends.base import ListQuery, Put, Record
+from checkpointers.conformance.adversarial import AGENT_FRAMEWORK_ADVERSARIAL_CHECKS, LANGGRAPH_ADVERSARIAL_CHECKS
+from checkpointers.conformance.runner import saver_binder, storage_binder
 from checkpointers.errors import (
     CheckpointerError,
     CorruptItemError,
@@ -1194,3 +1196,21 @@ async def test_e_a_store_written_by_0_1_is_refused_with_a_key_unless_accept_unse
     # What such a store writes now is sealed with the key: a keyed reader without the opt-in reads it.
     store.set_item(old.SCOPE, "new", {"v": 1})
     assert Store(old_store, integrity_key=NEW_KEY).for_user(old.USER).get_item(old.SCOPE, "new").value == {"v": 1}
+
+
+# == the conformance kit's adversarial checks, on every backend =============================
+
+
+@pytest.mark.parametrize(
+    "check",
+    LANGGRAPH_ADVERSARIAL_CHECKS + AGENT_FRAMEWORK_ADVERSARIAL_CHECKS,
+    ids=lambda check: check.__name__,
+)
+async def test_the_kits_adversarial_face_checks_pass_on_every_backend(backend: Backend, check: Any) -> None:
+    """What ``python -m checkpointers.conformance`` runs against a backend's LangGraph and Agent Framework faces.
+
+    (Its store checks run on every backend in tests/test_contract.py.)
+    """
+    bind = saver_binder() if check in LANGGRAPH_ADVERSARIAL_CHECKS else storage_binder()
+    note = await check(bind(backend))
+    assert not note, note  # our saver raises IsolationError: nothing to remark

@@ -7,17 +7,24 @@ catches the mistake, and pass our memory backend and the documented example.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from checkpointers.backends import MemoryBackend
+from checkpointers import Store
+from checkpointers._integrity import Integrity
+from checkpointers.backends import Backend, MemoryBackend
 from checkpointers.conformance import GROUPS, run_suite
 from checkpointers.conformance.example_backend import ExampleBackend
 from checkpointers.conformance.properties import use_depth
+from checkpointers.errors import CorruptItemError
+from checkpointers.savers import Checkpointer
 from tests import broken_backends as bb
 
 pytest_plugins = ["checkpointers.conformance.pytest_plugin"]
@@ -92,11 +99,100 @@ async def test_cap_after_write_fails_for_the_right_reason() -> None:
 )
 async def test_framework_faces(kwargs, group: str, passes: bool) -> None:  # type: ignore[no-untyped-def]
     report = await run_suite(**kwargs)
-    (result,) = report.results
-    assert (result.group, result.passed) == (group, passes), report.format()
+    assert {r.group for r in report.results} == {group}
+    assert report.passed_all() is passes, report.format()
     assert set(report.not_applicable) == set(GROUPS) - {group}
-    if group == "langgraph" and passes:  # InMemorySaver lacks the optional methods: said, not hidden
-        assert "copy_thread" in result.detail and "prune" in result.detail
+    # Records cannot be written behind a third-party face: those checks say so, and never count as passed.
+    assert {r.name for r in report.skipped} == WRITES_BEHIND[group], report.format()
+    assert all(r.detail.startswith("not applicable: ") for r in report.skipped)
+    isolation = next(r for r in report.results if r.name.endswith("_isolation"))
+    assert isolation.passed is passes, report.format()
+    if group == "langgraph":
+        config = next(r for r in report.results if r.name == "check_langgraph_config_naming_another_user")
+        assert config.passed is passes, report.format()
+        if passes:  # InMemorySaver lacks the optional methods and ignores user_id: said, not hidden
+            assert "copy_thread" in isolation.detail and "prune" in isolation.detail
+            assert "ignores configurable.user_id" in config.detail
+
+
+#: The adversarial checks that write records behind a face's back (our faces only).
+WRITES_BEHIND = {
+    "langgraph": {"check_langgraph_crafted_checkpoint_never_runs_code", "check_langgraph_checkpoint_copied_from_another_user"},
+    "agent_framework": {"check_af_crafted_checkpoint_never_runs_code", "check_af_checkpoint_copied_from_another_user"},
+}
+
+
+# -- the adversarial checks find real bugs ------------------------------------------------
+
+
+class _Unsealed(Integrity):
+    """Record integrity as before seals: the digest covers the value only, not its place or tags."""
+
+    def seal(self, p, name, tags, sha):  # type: ignore[no-untyped-def]
+        return sha
+
+    def check(self, p, record, label=None):  # type: ignore[no-untyped-def]
+        if hashlib.sha256(record.value).hexdigest() != record.digest.split(".", 1)[0]:
+            raise CorruptItemError(label or record.name, "content does not match its sha256 digest")
+        return record
+
+
+def unsealed_store(backend: Backend, **options: Any) -> Store:
+    return Store(backend, integrity=_Unsealed([]), **options)
+
+
+async def test_a_store_that_does_not_bind_records_to_their_place_fails() -> None:
+    report = await run_suite(backend_factory=MemoryBackend, store_factory=unsealed_store, groups=("contract", "isolation"))
+    assert {(r.name, r.mode) for r in report.failed} == {
+        (check, mode)
+        for check in ("check_record_copied_from_another_user_is_corrupt", "check_record_moved_or_damaged_is_corrupt")
+        for mode in ("async", "sync")
+    }, report.format()
+    assert "copied into A's partition: expected CorruptItemError" in report.format()
+
+
+class ConfigWinsCheckpointer(Checkpointer):
+    """A saver whose config's user_id overrides the view's binding (checkpointers 0.1 did this)."""
+
+    def _user(self, config):  # type: ignore[no-untyped-def]
+        configured = self._conf(config).get("user_id") if config else None
+        return configured if configured is not None else (self.user or "")
+
+
+async def test_a_saver_that_lets_a_config_override_its_binding_fails() -> None:
+    saver = ConfigWinsCheckpointer(MemoryBackend())
+    report = await run_suite(saver_for=saver.for_user, groups=("langgraph",))
+    assert {r.name for r in report.failed} == {"check_langgraph_config_naming_another_user"}, report.format()
+    assert "instead of raising IsolationError" in report.failed[0].detail
+
+
+async def test_a_saver_whose_serde_rebuilds_any_type_fails_and_the_payload_is_caught_running() -> None:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    saver = Checkpointer(MemoryBackend(), serde=JsonPlusSerializer(pickle_fallback=False))  # 0.1's default
+    report = await run_suite(saver_for=saver.for_user, groups=("langgraph",))
+    assert {r.name for r in report.failed} == {"check_langgraph_crafted_checkpoint_never_runs_code"}, report.format()
+    assert "the payload ran os.system" in report.failed[0].detail
+
+
+async def test_a_storage_that_unpickles_without_an_allowlist_fails() -> None:
+    pytest.importorskip("agent_framework")
+    from agent_framework import WorkflowCheckpoint
+    from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value
+
+    from adapters.agent_framework import IsolatedCheckpointStorage
+
+    class Unrestricted(IsolatedCheckpointStorage):
+        def _decode(self, record, checkpoint_id):  # type: ignore[no-untyped-def]
+            return WorkflowCheckpoint.from_dict(decode_checkpoint_value(json.loads(record.value)))
+
+    backend = MemoryBackend()
+    report = await run_suite(storage_for=lambda user: Unrestricted(backend, user=user), groups=("agent_framework",))
+    assert {r.name for r in report.failed} == {
+        "check_af_crafted_checkpoint_never_runs_code",
+        "check_af_checkpoint_copied_from_another_user",
+    }, report.format()
+    assert "the payload ran" in next(r.detail for r in report.failed if "crafted" in r.name)
 
 
 async def test_pytest_plugin_fixture(checkpointers_conformance) -> None:  # type: ignore[no-untyped-def]

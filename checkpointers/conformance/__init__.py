@@ -10,7 +10,12 @@ failing case. They come in groups (see :mod:`.runner`):
 * **properties** (:mod:`.properties`, :mod:`.strategies`) draw hostile ids
   with ``hypothesis`` and check that two users never meet;
 * **LangGraph / Agent Framework checks** take ``saver_for(user)`` /
-  ``storage_for(user)``: the same store seen as user X.
+  ``storage_for(user)``: the same store seen as user X;
+* **adversarial checks** (:mod:`.adversarial`) play a hostile writer of the
+  storage (records copied between users, moved, spliced, with forged tags;
+  crafted payloads naming ``os.system``) and a hostile caller (a config naming
+  another user against a bound view). A check that cannot run against a
+  target raises :class:`NotApplicable` and is reported as such.
 
 Run them from the command line (``python -m checkpointers.conformance
 TARGET``), from pytest (the :mod:`.pytest_plugin`, or like
@@ -30,17 +35,27 @@ TARGET``), from pytest (the :mod:`.pytest_plugin`, or like
 
 from __future__ import annotations
 
+from .adversarial import (
+    AGENT_FRAMEWORK_ADVERSARIAL_CHECKS,
+    CONTRACT_ADVERSARIAL_CHECKS,
+    ISOLATION_ADVERSARIAL_CHECKS,
+    LANGGRAPH_ADVERSARIAL_CHECKS,
+    NotApplicable,
+)
 from .contract import BACKEND_CHECKS, CONTRACT_CHECKS, Api, modes_of
 from .isolation import BACKEND_ISOLATION_CHECKS, HOSTILE_IDS, ISOLATION_CHECKS
 from .runner import GROUPS, CheckResult, Report, run_checks, run_suite
 
 __all__ = [
+    "AGENT_FRAMEWORK_ADVERSARIAL_CHECKS",
     "ALL_BACKEND_CHECKS",
     "ALL_STORE_CHECKS",
     "Api",
     "CheckResult",
     "GROUPS",
     "HOSTILE_IDS",
+    "LANGGRAPH_ADVERSARIAL_CHECKS",
+    "NotApplicable",
     "Report",
     "modes_of",
     "run_checks",
@@ -48,6 +63,6 @@ __all__ = [
 ]
 
 #: Checks that take an :class:`Api`.
-ALL_STORE_CHECKS = CONTRACT_CHECKS + ISOLATION_CHECKS
+ALL_STORE_CHECKS = CONTRACT_CHECKS + CONTRACT_ADVERSARIAL_CHECKS + ISOLATION_CHECKS + ISOLATION_ADVERSARIAL_CHECKS
 #: Checks that take a :class:`Backend`.
 ALL_BACKEND_CHECKS = BACKEND_CHECKS + BACKEND_ISOLATION_CHECKS

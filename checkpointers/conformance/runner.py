@@ -4,17 +4,26 @@ Capability groups:
 
 ==================  =========================================================
 ``contract``        the item API over the backend: caps, tags, etags, steps,
-                    atomic batches and visibility, corruption detection
+                    atomic batches and visibility, corruption detection,
+                    records moved, spliced or with forged tags refused
 ``isolation``       users never meet: fixed hostile ids and hypothesis
-                    properties over the encoding, the raw backend, the Store
+                    properties over the encoding, the raw backend, the Store;
+                    a record copied from another user's partition refused
 ``backend``         the backend interface itself: conditions, listing, drop
-``langgraph``       a LangGraph saver per user, every method
-``agent_framework`` an Agent Framework ``CheckpointStorage`` per user
+``langgraph``       a LangGraph saver per user, every method; a config naming
+                    another user against a bound view; crafted checkpoint
+                    bytes never run code; copied threads refused
+``agent_framework`` an Agent Framework ``CheckpointStorage`` per user; crafted
+                    pickled leaves never run code; copied checkpoints refused
 ==================  =========================================================
 
-A group that cannot run against a target (no saver for a plain backend when
+(The adversarial checks are in :mod:`.adversarial`.) A group that cannot
+run against a target (no saver for a plain backend when
 ``checkpointers.savers`` is missing, no backend behind a saver factory) is
-reported *not applicable* with the reason; it never counts as passed.
+reported *not applicable* with the reason; it never counts as passed. So is
+a single check that cannot run (it raises :class:`~.adversarial.NotApplicable`:
+the crafted-payload checks need to write behind a saver's back, which only
+our own savers and storage allow); the report names it and why.
 """
 
 from __future__ import annotations
@@ -29,6 +38,13 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..store import Store
+from .adversarial import (
+    AGENT_FRAMEWORK_ADVERSARIAL_CHECKS,
+    CONTRACT_ADVERSARIAL_CHECKS,
+    ISOLATION_ADVERSARIAL_CHECKS,
+    LANGGRAPH_ADVERSARIAL_CHECKS,
+    NotApplicable,
+)
 from .contract import BACKEND_CHECKS, CONTRACT_CHECKS, Api, modes_of
 from .isolation import BACKEND_ISOLATION_CHECKS, ISOLATION_CHECKS
 
@@ -41,13 +57,18 @@ StoreFactory = Callable[..., Store]
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Outcome of one check in one mode (``async``, ``sync``, ``backend``, ``property``)."""
+    """Outcome of one check in one mode (``async``, ``sync``, ``backend``, ``property``, ...).
+
+    ``applicable=False``: the check could not run against this target
+    (``detail`` says why); it is neither passed nor failed.
+    """
 
     name: str
     mode: str
     passed: bool
     detail: str = ""
     group: str = ""
+    applicable: bool = True
 
 
 @dataclass
@@ -63,9 +84,14 @@ class Report:
         """The failing results."""
         return [r for r in self.results if not r.passed]
 
+    @property
+    def skipped(self) -> list[CheckResult]:
+        """The checks that could not run against this target (not applicable)."""
+        return [r for r in self.results if not r.applicable]
+
     def passed_all(self) -> bool:
-        """True when something ran and nothing failed (not-applicable groups aside)."""
-        return bool(self.results) and not self.failed
+        """True when something ran and nothing failed (not-applicable groups and checks aside)."""
+        return any(r.applicable for r in self.results) and not self.failed
 
     def format(self, *, verbose: bool = False) -> str:
         """The text report: one line per group, then each failing case with its detail."""
@@ -76,18 +102,21 @@ class Report:
                 lines.append(f"{group:<16} N/A   {self.not_applicable[group]}")
                 continue
             bad = [r for r in rs if not r.passed]
-            status = "FAIL" if bad else "PASS"
-            summary = f"{len(rs) - len(bad)} passed" + (f", {len(bad)} failed" if bad else "")
+            na = [r for r in rs if not r.applicable]
+            status = "FAIL" if bad else "PASS" if len(na) < len(rs) else "N/A "
+            summary = f"{len(rs) - len(bad) - len(na)} passed" + (f", {len(bad)} failed" if bad else "")
+            summary += f", {len(na)} not applicable" if na else ""
             lines.append(f"{group:<16} {status}  {summary}")
             for r in rs:
                 if verbose or not r.passed or r.detail:
-                    mark = "ok  " if r.passed else "FAIL"
+                    mark = "n/a " if not r.applicable else "ok  " if r.passed else "FAIL"
                     lines.append(f"    {mark} {r.name} [{r.mode}]")
                     if r.detail:
                         lines.append("         " + r.detail.strip().replace("\n", "\n         "))
-        failed = len(self.failed)
-        lines += ["", f"{len(self.results) - failed} passed, {failed} failed, "
-                  f"{len(self.not_applicable)} groups not applicable"]
+        failed, na = len(self.failed), len(self.skipped)
+        tail = f", {na} checks not applicable" if na else ""
+        lines += ["", f"{len(self.results) - failed - na} passed, {failed} failed, "
+                  f"{len(self.not_applicable)} groups not applicable{tail}"]
         return "\n".join(lines)
 
 
@@ -103,6 +132,8 @@ async def _one(
         async with arg() as value:
             note = await (check() if value is None else check(value))
         return CheckResult(check.__name__, mode, True, note or "", group)
+    except NotApplicable as exc:
+        return CheckResult(check.__name__, mode, True, f"not applicable: {exc}", group, applicable=False)
     except AssertionError as exc:
         if str(exc):
             detail = str(exc)
@@ -207,8 +238,8 @@ async def run_suite(
         for check in BACKEND_CHECKS:
             plan.append(("backend", check, "backend", _backend_arg(f)))
         for group, checks in (
-            ("contract", CONTRACT_CHECKS),
-            ("isolation", ISOLATION_CHECKS + properties.PROPERTY_CHECKS_STORE),
+            ("contract", CONTRACT_CHECKS + CONTRACT_ADVERSARIAL_CHECKS),
+            ("isolation", ISOLATION_CHECKS + ISOLATION_ADVERSARIAL_CHECKS + properties.PROPERTY_CHECKS_STORE),
         ):
             for check in checks:
                 for mode in modes_of(check):
@@ -218,8 +249,13 @@ async def run_suite(
         plan.append(("isolation", properties.check_prop_encoding, "pure", _nothing))
 
     for group, given, binder, checks in (
-        ("langgraph", saver_for, saver_binder, langgraph_checks.LANGGRAPH_CHECKS),
-        ("agent_framework", storage_for, storage_binder, agent_framework_checks.AGENT_FRAMEWORK_CHECKS),
+        ("langgraph", saver_for, saver_binder, langgraph_checks.LANGGRAPH_CHECKS + LANGGRAPH_ADVERSARIAL_CHECKS),
+        (
+            "agent_framework",
+            storage_for,
+            storage_binder,
+            agent_framework_checks.AGENT_FRAMEWORK_CHECKS + AGENT_FRAMEWORK_ADVERSARIAL_CHECKS,
+        ),
     ):
         if given is not None:
             arg = _given(given)
@@ -233,7 +269,7 @@ async def run_suite(
             report.not_applicable[group] = "no factory for this face was given"
             continue
         for check in checks:
-            plan.append((group, check, "property", arg))
+            plan.append((group, check, getattr(check, "mode", "property"), arg))
 
     for group, check, mode, arg in plan:
         if group in groups:

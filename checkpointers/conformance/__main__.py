@@ -12,9 +12,14 @@ TARGET is one of:
 
 Prints one line per capability group (contract, isolation, backend,
 langgraph, agent_framework): PASS, FAIL with each failing case, or N/A with
-the reason. Exits 1 if any check fails, 2 if the target cannot be used.
+the reason; a single check that cannot run against the target (the
+adversarial ones that write crafted records behind a third-party saver's
+back) is listed as ``n/a`` with its reason and never counts as passed.
+Exits 1 if any check fails, 2 if the target cannot be used.
 Run it against a scratch store: the checks write (under fresh random user ids
-and spaces) and clean up only what they can.
+and spaces) and clean up only what they can. The crafted-payload checks
+write records that would run ``touch <a fresh temporary file>`` if decoded
+by a permissive deserializer; that file is how they notice.
 """
 
 from __future__ import annotations

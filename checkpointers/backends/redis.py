@@ -173,12 +173,13 @@ reports an outage. That covers:
 The scripts run their body under ``guarded()``: damage ends the script with
 a reply ``{code, name, reason, meta}``, never an error reply, which the
 client could not tell from an outage. A write whose condition needs a
-damaged record (append, ``IF_MATCH``, ``CREATE``, a checked delete) applies
-nothing; an upsert or unconditional delete replaces it (its index entries
-are then found by scanning the indexes, paid only then), and ``drop`` clears
-a partition whatever its keys hold. A key of the wrong type met in the
-middle of a batch's apply step stops it there (Redis scripts do not roll
-back).
+record whose seq, etag or digest cannot be read (append, ``IF_MATCH``,
+``CREATE``, a checked delete) applies nothing; one that only returns a
+stored record (an append no-op) raises when the client parses it. An upsert
+or unconditional delete replaces a damaged record (its index entries are
+then found by scanning the indexes, paid only then), and ``drop`` clears a
+partition whatever its keys hold. A key of the wrong type met in the middle
+of a batch's apply step stops it there (Redis scripts do not roll back).
 """
 
 from __future__ import annotations

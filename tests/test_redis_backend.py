@@ -1183,6 +1183,23 @@ def test_writes_over_a_damaged_record(any_redis: RedisBackend) -> None:
                 b.write(p, [make_put(PICK, b"A", tags={"k": "v"})])
 
 
+def test_append_no_op_over_damaged_tags_raises(any_redis: RedisBackend) -> None:
+    """An append of the same content over a record whose tags JSON is damaged
+    (the script does not parse it) is a no-op that must return the stored
+    record: parsing it raises CorruptItemError, never returns damaged data."""
+    b = any_redis
+    p = _damage_partition(b)
+    c, r = raw_client(b), b.keys_of(p)[0]
+    (stored,) = b.get(p, [PICK])
+    meta = c.hget(r, f"m:{PICK}")
+    c.hset(r, f"m:{PICK}", meta.replace(b'{"k":"v"}', b'{"k":'))
+    same = Put(PICK, b"A", stored.digest, "another-etag", {"k": "v"}, Mode.APPEND)
+    with pytest.raises(CorruptItemError) as info:
+        b.write(p, [same])
+    assert info.value.key == PICK and "JSON" in info.value.reason
+    assert c.hget(r, f"m:{PICK}") == meta.replace(b'{"k":"v"}', b'{"k":')  # a no-op: unchanged
+
+
 @pytest.mark.parametrize("damage", ["parse", "wrong type"])
 def test_many_finishes_the_other_operations_before_raising(any_redis: RedisBackend, damage: str) -> None:
     """One operation of many() meeting damage does not abandon the others in the

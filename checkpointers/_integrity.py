@@ -153,12 +153,24 @@ class Integrity:
     def check(self, p: Partition, record: Record, label: str | None = None) -> Record:
         """Return ``record`` if its value and seal hold for place ``p``, else raise CorruptItemError."""
         label = label or record.name
-        stored = record.digest
-        if not isinstance(stored, str) or not isinstance(record.value, (bytes, bytearray)):
+        if not isinstance(record.value, (bytes, bytearray)) or not isinstance(record.digest, str):
             raise CorruptItemError(label, "its digest or value has the wrong type")
-        sha, dot, tag = stored.partition(".")
-        if hashlib.sha256(record.value).hexdigest() != sha:
+        if hashlib.sha256(record.value).hexdigest() != record.digest.partition(".")[0]:
             raise CorruptItemError(label, "content does not match its sha256 digest")
+        return self.check_place(p, record, label)
+
+    def check_place(self, p: Partition, record: Record, label: str | None = None) -> Record:
+        """Check only the seal (place, name, tags, stored digest), not the value.
+
+        For listings read without values (``ListQuery(values=False)``): a
+        record copied from another place or with forged tags is refused even
+        though its value was not read. The value is checked when it is read.
+        """
+        label = label or record.name
+        stored = record.digest
+        if not isinstance(stored, str):
+            raise CorruptItemError(label, "its digest has the wrong type")
+        sha, dot, tag = stored.partition(".")
         if not dot:
             if self.accept_unsealed:
                 return record  # written before seals existed

@@ -62,6 +62,10 @@ _TYPE_EXTS = frozenset(
     if hasattr(_jsonplus, n)
 )
 _METHOD_EXT = getattr(_jsonplus, "EXT_METHOD_SINGLE_ARG", None)
+#: Extensions that hold plain msgpack data (checked with our hook, then rebuilt by LangGraph's).
+_DATA_EXTS = frozenset(
+    getattr(_jsonplus, n) for n in ("EXT_DELTA_SNAPSHOT", "EXT_NUMPY_ARRAY") if hasattr(_jsonplus, n)
+)
 _READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
 
 
@@ -121,6 +125,13 @@ class SafeSerializer(JsonPlusSerializer):
                 if not ok:
                     blocked.type = (module, name)
                     raise ValueError("type not in the allowlist")
+            elif code in _DATA_EXTS:
+                # Nested values are rebuilt by LangGraph's hook, which would turn a
+                # blocked type into its raw arguments: check them with ours first.
+                ormsgpack.unpackb(data, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+            else:
+                blocked.unknown = code
+                raise ValueError("unknown msgpack extension")
             return rebuild(code, data)
 
         return hook
@@ -136,12 +147,15 @@ class SafeSerializer(JsonPlusSerializer):
         kind = data[0]
         if kind not in _READ_FRAMES:
             raise CorruptItemError("<value>", f"serialization type {kind!r} is never decoded by this saver")
-        self._blocked.type = None
+        blocked = self._blocked
+        blocked.type = blocked.unknown = None
         try:
             return super().loads_typed(data)
         except Exception:
-            found = self._blocked.type
+            found, unknown = blocked.type, blocked.unknown
+            blocked.type = blocked.unknown = None
             if found is not None:
-                self._blocked.type = None
                 raise DisallowedTypeError("<value>", *found) from None
+            if unknown is not None:
+                raise CorruptItemError("<value>", f"msgpack extension type {unknown} is unknown") from None
             raise

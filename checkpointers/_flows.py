@@ -20,11 +20,11 @@ import hashlib
 import itertools
 import os
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._names import Partition
-from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
+from .backends.base import Backend, Delete, Mode, Put, Record, WriteResult, content_digest
+from .backends.ops import DropOp, GetOp, ListOp, Op, Parallel, PartitionsOp, WriteOp
 from .errors import ConcurrencyError, CorruptItemError, StepMismatchError
 
 __all__ = [
@@ -49,98 +49,6 @@ __all__ = [
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class GetOp:
-    """Read records by name."""
-
-    partition: Partition
-    names: Sequence[str]
-
-    def call(self, b: Backend) -> list[Record | None]:
-        return b.get(self.partition, self.names)
-
-    async def acall(self, b: Backend) -> list[Record | None]:
-        return await b.aget(self.partition, self.names)
-
-
-@dataclass(frozen=True)
-class WriteOp:
-    """One atomic conditional batch."""
-
-    partition: Partition
-    puts: Sequence[Put]
-    deletes: Sequence[Delete] = field(default_factory=tuple)
-
-    def call(self, b: Backend) -> WriteResult:
-        return b.write(self.partition, self.puts, self.deletes)
-
-    async def acall(self, b: Backend) -> WriteResult:
-        return await b.awrite(self.partition, self.puts, self.deletes)
-
-
-@dataclass(frozen=True)
-class ListOp:
-    """List records of a partition."""
-
-    partition: Partition
-    query: ListQuery
-
-    def call(self, b: Backend) -> list[Record]:
-        return b.list(self.partition, self.query)
-
-    async def acall(self, b: Backend) -> list[Record]:
-        return await b.alist(self.partition, self.query)
-
-
-@dataclass(frozen=True)
-class PartitionsOp:
-    """List the partitions of one user in one space."""
-
-    user: str
-    space: str
-
-    def call(self, b: Backend) -> list[str]:
-        return b.partitions(self.user, self.space)
-
-    async def acall(self, b: Backend) -> list[str]:
-        return await b.apartitions(self.user, self.space)
-
-
-@dataclass(frozen=True)
-class DropOp:
-    """Delete a whole partition."""
-
-    partition: Partition
-
-    def call(self, b: Backend) -> int:
-        return b.drop(self.partition)
-
-    async def acall(self, b: Backend) -> int:
-        return await b.adrop(self.partition)
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """Independent operations run together; yielding it gives their results, in order.
-
-    The operations must not depend on one another (none reads what another
-    writes): a backend may run them in any order or at once. The default
-    (:meth:`Backend.many`) runs them one by one in sync code and concurrently
-    in async code; Redis sends them all in one pipeline (one round trip)::
-
-        blobs, writes = yield Parallel((GetOp(p, names), ListOp(p, query)))
-    """
-
-    ops: tuple[GetOp | WriteOp | ListOp | PartitionsOp | DropOp, ...]
-
-    def call(self, b: Backend) -> tuple[Any, ...]:
-        return tuple(b.many(self.ops))
-
-    async def acall(self, b: Backend) -> tuple[Any, ...]:
-        return tuple(await b.amany(self.ops))
-
-
-Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp | Parallel
 Flow = Generator[Op, Any, T]
 
 

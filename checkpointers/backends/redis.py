@@ -233,7 +233,7 @@ else:  # pragma: no cover - redis-py requires async-timeout before 3.11.3
     from async_timeout import timeout as _atimeout
 
 from . import url_flag
-from .._flows import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
+from .ops import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
 from .._names import Partition, decode_component, encode_component
 from ..errors import BackendUnavailableError, CorruptItemError
 from .base import (

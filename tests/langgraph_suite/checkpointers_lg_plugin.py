@@ -55,6 +55,7 @@ S3_BUCKET = "checkpointers-lg-suite"
 
 _conftest: Any = None  # LangGraph's tests/conftest.py module, once registered
 _results: dict[str, dict[str, Any]] = {}
+_keys: dict[str, str] = {}  # nodeid -> the test's id without the saver (same on every saver)
 _s3: dict[str, Any] = {}
 
 
@@ -202,8 +203,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Keep only the tests that run on a checkpointer fixture (the others do not depend on it)."""
     keep, drop = [], []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        (keep if any(name in params for name in FIXTURES) else drop).append(item)
+        callspec = getattr(item, "callspec", None)
+        params = getattr(callspec, "params", {})
+        if any(name in params for name in FIXTURES):
+            keep.append(item)
+            # The same test on another saver: the same parameters but the saver's.
+            # (Not the id with the saver's id taken out: "memory" is both
+            # InMemorySaver's id and one of the cache fixture's.)
+            others = sorted((k, i) for k, i in callspec.indices.items() if k not in FIXTURES)
+            _keys[item.nodeid] = item.nodeid.partition("[")[0] + "[" + ",".join(f"{k}={i}" for k, i in others) + "]"
+        else:
+            drop.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -219,7 +229,7 @@ def _crash_line(report: pytest.TestReport) -> str:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    entry = _results.setdefault(report.nodeid, {"outcome": "passed", "crash": ""})
+    entry = _results.setdefault(report.nodeid, {"outcome": "passed", "crash": "", "key": _keys.get(report.nodeid, report.nodeid)})
     if report.when == "call" and report.passed:
         entry["duration"] = round(report.duration, 3)
     if report.failed:

@@ -66,7 +66,8 @@ OURS = ("memory", "sqlite", "redis", "s3")
 FIXTURE_RE = re.compile(r"\b(sync_checkpointer|async_checkpointer)\b")
 #: Tests that pass on InMemorySaver and cannot pass on a saver of ours, with why
 #: (a test reading InMemorySaver's internals is such a reason; a behaviour
-#: difference is not). Keys are test ids with the saver replaced by "*".
+#: difference is not). Keys as the plugin writes them: "<file>::<test>[<param>=<index>,...]",
+#: the test's parameters other than the saver, by index.
 KNOWN: dict[str, str] = {}
 
 
@@ -277,8 +278,11 @@ def retry(
               f"{sum(v['outcome'] == 'passed' for v in again.get('results', {}).values())} passed", flush=True)
 
 
-def key_of(nodeid: str, param_id: str) -> str:
-    """The test id with the saver's id replaced by ``*`` (comparable across savers)."""
+def key_of(nodeid: str, result: dict[str, Any], param_id: str) -> str:
+    """What names the same test on every saver: the plugin's key (the test's
+    other parameters by index), else the id with the saver's id replaced by ``*``."""
+    if result.get("key"):
+        return str(result["key"])
     head, sep, params = nodeid.partition("[")
     if not sep:
         return nodeid
@@ -290,7 +294,7 @@ def summarize(runs: list[dict[str, Any]], version: str, files: list[str], args: 
     lines: list[str] = []
     by_name = {r["name"]: r for r in runs}
     ref = by_name.get(REFERENCE)
-    ref_results = {key_of(n, ref["param_id"]): v for n, v in ref["results"].items()} if ref and ref.get("results") else {}
+    ref_results = {key_of(n, v, ref["param_id"]): v for n, v in ref["results"].items()} if ref and ref.get("results") else {}
     ref_passed = {k for k, v in ref_results.items() if v["outcome"] == "passed"}
     lines.append(
         f"LangGraph {version}'s own tests: {len(files)} files using sync_checkpointer/async_checkpointer"
@@ -314,7 +318,7 @@ def summarize(runs: list[dict[str, Any]], version: str, files: list[str], args: 
             lines.append(f"{label:<22} did not run (pytest exit {run.get('exitstatus')}): see {run.get('log')}")
             status = max(status, 2)
             continue
-        mine = {key_of(n, run["param_id"]): (n, v) for n, v in results.items()}
+        mine = {key_of(n, v, run["param_id"]): (n, v) for n, v in results.items()}
         lost = sorted(
             (k, n, v) for k, (n, v) in mine.items() if k in ref_passed and v["outcome"] != "passed"
         )

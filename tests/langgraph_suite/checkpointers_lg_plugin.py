@@ -246,8 +246,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if RESULTS:
+        from importlib import metadata
+
         import checkpointers
-        import langgraph.version  # type: ignore[import-not-found]
 
         Path(RESULTS).write_text(
             json.dumps(
@@ -255,7 +256,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                     "saver": SAVER,
                     "param_id": PARAM_ID,
                     "unbound": UNBOUND,
-                    "langgraph": getattr(langgraph.version, "__version__", "?"),
+                    "langgraph": metadata.version("langgraph"),
                     "exitstatus": int(exitstatus),
                     "checkpointers": str(Path(checkpointers.__file__).parent),
                     "results": _results,

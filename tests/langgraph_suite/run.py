@@ -31,6 +31,11 @@ answers (database ``--redis-db``, 9 by default), else a throwaway
 ``redis-server`` on a free loopback port when the binary is installed;
 every key of the run carries a unique prefix and is removed at the end.
 
+The environment passes through: ``LANGGRAPH_STRICT_MSGPACK=true`` runs the
+suite in LangGraph's strict msgpack mode (its controls get an allowlisting
+serializer; compiled graphs then call ``with_allowlist`` with their schema's
+types, which LangGraph skips otherwise).
+
 Exit status: 0 when every test that passes on ``InMemorySaver`` passes on each
 saver of ours (bar the :data:`KNOWN` differences, listed with their reason), 1
 otherwise, 2 when a run could not start. Needs the ``langgraph-suite`` extra
@@ -70,14 +75,7 @@ FIXTURE_RE = re.compile(r"\b(sync_checkpointer|async_checkpointer)\b")
 #: the test's parameters other than the saver, by index.
 KNOWN: dict[str, str] = {}
 #: The same, by the failure line (a regular expression searched in it).
-KNOWN_CRASHES: dict[str, str] = {
-    r"DisallowedTypeError": (
-        "by design, our savers decode only LangGraph's safe types, the graph's state schema "
-        "and allowed_msgpack_modules (README, Isolation model); LangGraph's default serializer "
-        "also rebuilds any other type it is named, with a warning. The test stores a type of "
-        "its own outside the state schema (an AgentAction, a pydantic field's class)"
-    ),
-}
+KNOWN_CRASHES: dict[str, str] = {}
 
 
 def known(key: str, result: dict[str, Any]) -> str | None:

@@ -6,11 +6,12 @@
   in a child process, with a WSGI middleware that counts every HTTP request
   it serves (read back through ``/_bench/requests``).
 * :data:`REDIS_TRIPS` / :data:`S3_REQUESTS` — counters the workloads reset
-  and read around one operation. Redis round trips are counted client-side,
-  by wrapping ``send_packed_command`` of redis-py's sync and async
-  connections (one call = one request written = one round trip; a pipeline
-  or MULTI/EXEC block is one). S3 requests are counted server-side, so every
-  client (boto3, aioboto3, s3fs) is counted the same way.
+  and read around one operation. Redis round trips are counted client-side:
+  our backend's by its own ``round_trips`` counter, every other client's by
+  wrapping ``send_packed_command`` of redis-py's sync and async connections
+  (one call = one request written = one round trip; a pipeline or MULTI/EXEC
+  block is one). S3 requests are counted server-side, so every client
+  (boto3, aioboto3, s3fs) is counted the same way.
 
 The counters are process-wide: the workloads that read them run one saver at
 a time.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import json
 import multiprocessing
 import os
@@ -31,6 +33,7 @@ import threading
 import time
 import urllib.request
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -76,7 +79,30 @@ class RequestCounter:
             return sum(self._counts.values())
 
 
-REDIS_TRIPS = RequestCounter()
+class RedisRoundTrips(RequestCounter):
+    """:data:`REDIS_TRIPS`: the requests added here plus, while
+    :func:`counting_redis_round_trips` runs, our backends' own counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ours: _OurRoundTrips | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        if self.ours is not None:
+            self.ours.reset()
+
+    def snapshot(self) -> collections.Counter[str]:
+        counts = super().snapshot()
+        if self.ours is not None:
+            counts.update(self.ours.counts())
+        return counts
+
+    def total(self) -> int:
+        return sum(self.snapshot().values())
+
+
+REDIS_TRIPS = RedisRoundTrips()
 
 
 def free_port() -> int:
@@ -86,44 +112,108 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: The operations of our RedisBackend, whose round trips it counts itself.
+_OUR_REDIS_OPERATIONS = ("get", "write", "list", "partitions", "drop", "many")
+
+
 @contextlib.contextmanager
 def counting_redis_round_trips() -> Iterator[RequestCounter]:
-    """Count every request written to Redis (sync and async) into :data:`REDIS_TRIPS`.
+    """Count every Redis round trip (sync and async) into :data:`REDIS_TRIPS`.
 
-    redis-py writes each request with ``send_packed_command``; our backend's
-    async round trips write on the connection's stream themselves
-    (``RedisBackend._around_trip``, one request each), so both are counted.
+    Our ``RedisBackend`` counts its own round trips (``round_trips``, whatever
+    transport it runs on): every backend one of its operations ran on is
+    read at ``reset`` and ``snapshot``, its round trips since the last reset
+    counted under the face its operations used (``async`` when all were
+    async, else ``sync``). Every other client (the anchors' redis-py clients)
+    is counted where redis-py writes a request, ``send_packed_command`` (one
+    call = one request written = one round trip; a pipeline or MULTI/EXEC
+    block is one), except while one of our operations runs: those are
+    already in the backend's counter.
     """
     import redis.asyncio.connection as aconn
     import redis.connection as sconn
 
     from checkpointers.backends.redis import RedisBackend
 
+    inside_ours: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_ours", default=False)
+    ours = _OurRoundTrips()
     sync_orig = sconn.AbstractConnection.send_packed_command
     async_orig = aconn.AbstractConnection.send_packed_command
-    trip_orig = RedisBackend._around_trip
 
     def sync_send(self: Any, command: Any, check_health: bool = True) -> Any:
-        REDIS_TRIPS.add("sync")
+        if not inside_ours.get():
+            REDIS_TRIPS.add("sync")
         return sync_orig(self, command, check_health)
 
     async def async_send(self: Any, command: Any, check_health: bool = True) -> Any:
-        REDIS_TRIPS.add("async")
+        if not inside_ours.get():
+            REDIS_TRIPS.add("async")
         return await async_orig(self, command, check_health)
 
-    async def async_trip(*args: Any) -> None:
-        REDIS_TRIPS.add("async")
-        await trip_orig(*args)
+    def counted(fn: Callable[..., Any], face: str) -> Callable[..., Any]:
+        if face == "async":
 
+            async def operation(backend: Any, *args: Any, **kwargs: Any) -> Any:
+                ours.seen(backend, face)
+                token = inside_ours.set(True)
+                try:
+                    return await fn(backend, *args, **kwargs)
+                finally:
+                    inside_ours.reset(token)
+
+            return operation
+
+        def sync_operation(backend: Any, *args: Any, **kwargs: Any) -> Any:
+            ours.seen(backend, face)
+            token = inside_ours.set(True)
+            try:
+                return fn(backend, *args, **kwargs)
+            finally:
+                inside_ours.reset(token)
+
+        return sync_operation
+
+    names = [face + name for name in _OUR_REDIS_OPERATIONS for face in ("", "a")]
+    originals = {name: getattr(RedisBackend, name) for name in names}
     sconn.AbstractConnection.send_packed_command = sync_send  # type: ignore[method-assign]
     aconn.AbstractConnection.send_packed_command = async_send  # type: ignore[method-assign]
-    RedisBackend._around_trip = staticmethod(async_trip)  # type: ignore[method-assign,assignment]
+    for name, fn in originals.items():
+        setattr(RedisBackend, name, counted(fn, "async" if name.startswith("a") else "sync"))
+    REDIS_TRIPS.ours = ours
     try:
         yield REDIS_TRIPS
     finally:
         sconn.AbstractConnection.send_packed_command = sync_orig  # type: ignore[method-assign]
         aconn.AbstractConnection.send_packed_command = async_orig  # type: ignore[method-assign]
-        RedisBackend._around_trip = staticmethod(trip_orig)  # type: ignore[method-assign,assignment]
+        for name, fn in originals.items():
+            setattr(RedisBackend, name, fn)
+        REDIS_TRIPS.ours = None
+
+
+class _OurRoundTrips:
+    """Our backends' own round-trip counters, read against a baseline taken at reset."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: weakref.WeakKeyDictionary[Any, tuple[int, set[str]]] = weakref.WeakKeyDictionary()
+
+    def seen(self, backend: Any, face: str) -> None:
+        """``backend`` runs an operation of ``face`` now (before it sends anything)."""
+        with self._lock:
+            self._backends.setdefault(backend, (backend.round_trips, set()))[1].add(face)
+
+    def reset(self) -> None:
+        with self._lock:
+            for backend in list(self._backends):
+                self._backends[backend] = (backend.round_trips, set())
+
+    def counts(self) -> collections.Counter[str]:
+        out: collections.Counter[str] = collections.Counter()
+        with self._lock:
+            for backend, (base, faces) in list(self._backends.items()):
+                if backend.round_trips > base:
+                    out["async" if faces == {"async"} else "sync"] += backend.round_trips - base
+        return out
 
 
 class RedisService:

@@ -22,7 +22,7 @@ from checkpointers.backends import Backend, MemoryBackend
 pytest_plugins = ["tests.plugins.redis_plugin", "tests.plugins.s3_plugin"]
 
 #: Every backend the shared test bodies run against.
-BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_cluster", "s3", "s3_http"]
+BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_stock", "redis_cluster", "s3", "s3_http"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 #: Per-test timeout under --deep (the default, 300 s, is in pyproject.toml).
 DEEP_TIMEOUT = 3600

@@ -24,6 +24,7 @@ import redis.exceptions as rex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import checkpointers.backends._redis_transport as transport_module
 from checkpointers._flows import GetOp, ListOp, Parallel, PartitionsOp, WriteOp, arun, make_put, run
 from checkpointers._names import Partition, encode_component
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put, WriteResult
@@ -41,8 +42,14 @@ from tests.plugins.redis_plugin import RedisServer, free_port, have_binaries
 GLOB_USERS = ["alice", "alice2", "a*", "a?ice", "[a]lice"]
 
 
+@pytest.fixture(params=["redis", "redis_stock"])
+def each_redis(request: pytest.FixtureRequest) -> RedisBackend:
+    """The backend on each transport in turn: lean (the default), then stock."""
+    return request.getfixturevalue(f"{request.param}_backend")  # type: ignore[no-any-return]
+
+
 def raw_client(backend: RedisBackend) -> redis.Redis:
-    return backend._sync_client()  # the backend's own connection pool
+    return backend._link.sync_client()  # the backend's own connection pool
 
 
 def all_keys(backend: RedisBackend, pattern: str) -> set[str]:
@@ -61,8 +68,8 @@ def fill(backend: RedisBackend, p: Partition, n: int, batch: int = 200) -> None:
 # -- 1. isolation on the raw server ---------------------------------------
 
 
-def test_glob_like_users_never_share_keys(redis_backend: RedisBackend) -> None:
-    b = redis_backend
+def test_glob_like_users_never_share_keys(each_redis: RedisBackend) -> None:
+    b = each_redis
     parts = {u: [Partition(u, "items", "s1"), Partition(u, "items", "s1/x")] for u in GLOB_USERS}
     for user, ps in parts.items():
         for p in ps:
@@ -92,8 +99,8 @@ def test_glob_like_users_never_share_keys(redis_backend: RedisBackend) -> None:
 
 
 @pytest.mark.parametrize("history", [10, 2000])
-def test_round_trips_do_not_grow_with_history(redis_backend: RedisBackend, history: int) -> None:
-    b = redis_backend
+def test_round_trips_do_not_grow_with_history(each_redis: RedisBackend, history: int) -> None:
+    b = each_redis
     p = Partition("rt", "langgraph", f"thread-{history}")
     fill(b, p, history)
     b.list(p, ListQuery(limit=1))  # the first use of a script loads it (NOSCRIPT -> EVAL)
@@ -132,13 +139,13 @@ def _checkpoint(i: int, counter: int) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("history", [10, 2000])
-def test_latest_get_tuple_one_round_trip_and_list_two(redis_backend: RedisBackend, history: int) -> None:
+def test_latest_get_tuple_one_round_trip_and_list_two(each_redis: RedisBackend, history: int) -> None:
     """get_tuple: one script lists the newest checkpoint with its writes (its children;
     small channel values are inline, so no blob read); list(limit=10): two. The same
     whatever the history."""
     from checkpointers.savers import Checkpointer
 
-    b = redis_backend
+    b = each_redis
     saver = Checkpointer(b, user="rt")
     config: dict = {"configurable": {"thread_id": f"t-{history}", "checkpoint_ns": ""}}  # type: ignore[type-arg]
     for i in range(history):
@@ -171,8 +178,8 @@ def test_latest_get_tuple_one_round_trip_and_list_two(redis_backend: RedisBacken
     assert with_writes and all(len(t.pending_writes) == 2 for t in with_writes)
 
 
-def test_many_sends_independent_operations_in_one_pipeline(redis_backend: RedisBackend) -> None:
-    b, mem = redis_backend, MemoryBackend()
+def test_many_sends_independent_operations_in_one_pipeline(each_redis: RedisBackend) -> None:
+    b, mem = each_redis, MemoryBackend()
     p, q = Partition("many", "items", "a"), Partition("many", "items", "b")
     for backend in (b, mem):
         backend.write(p, [make_put("x/1", b"1", tags={"t": "v"}), make_put("x/2", b"2")])
@@ -231,8 +238,8 @@ def _parallel_flow(e: Partition, p: Partition):  # noqa: ANN202
     return (yield Parallel((WriteOp(e, (make_put("k", b"v"),)), ListOp(p, ListQuery()))))
 
 
-def test_lost_script_cache_costs_one_more_round_trip(redis_backend: RedisBackend) -> None:
-    b = redis_backend
+def test_lost_script_cache_costs_one_more_round_trip(each_redis: RedisBackend) -> None:
+    b = each_redis
     p = Partition("rt", "items", "s")
     b.write(p, [make_put("a", b"1")])
     raw_client(b).script_flush()
@@ -256,24 +263,27 @@ def test_connections_are_kept_checked_and_handed_back(redis_url: str) -> None:
     p = Partition("conn", "items", "s")
     try:
         b.write(p, [make_put("a", b"1")])
-        pool = b._sync_client().connection_pool
-        ((owner, conn),) = b._idle
-        assert owner is pool and conn in pool._in_use_connections
+        lean = b._link.sync_transport()
+        assert isinstance(lean, transport_module.LeanTransport)
+        pool = b._link.sync_client().connection_pool
+        (conn,) = lean.idle
+        assert lean.pool is pool and conn in pool._in_use_connections
         for _ in range(3):
             assert b.get(p, ["a"])[0] is not None
-        assert b._idle == [(pool, conn)]  # the same connection every time
+        assert lean.idle == [conn]  # the same connection every time
         killer = redis.Redis.from_url(redis_url)
         killer.client_kill_filter(_id=conn_id(conn))  # as a server timeout would
         killer.close()
         assert b.get(p, ["a"])[0] is not None and b.retries == 0
         b.close()
-        assert b._idle == [] and not pool._in_use_connections
+        assert lean.idle == [] and not pool._in_use_connections
 
         async def async_calls() -> None:
             for _ in range(3):
                 assert (await b.aget(p, ["a"]))[0] is not None
-            ((apool, idle),) = b._aidle.items()
-            assert len(idle) == 1 and idle[0] in apool._in_use_connections
+            alean = await b._link.async_transport()
+            assert isinstance(alean, transport_module.LeanTransport)
+            assert len(alean.idle) == 1 and alean.idle[0] in alean.pool._in_use_connections
             await b.aclose()
 
         asyncio.run(async_calls())
@@ -285,7 +295,8 @@ def test_connections_are_kept_checked_and_handed_back(redis_url: str) -> None:
     theirs = RedisBackend(client, aclient=aclient, prefix=prefix)
     try:
         assert theirs.get(p, ["a"])[0] is not None
-        assert theirs._idle == [] and not client.connection_pool._in_use_connections
+        assert theirs._link.sync_transport().idle == []  # type: ignore[attr-defined]
+        assert not client.connection_pool._in_use_connections
 
         async def async_theirs() -> None:
             assert (await theirs.aget(p, ["a"]))[0] is not None
@@ -306,7 +317,7 @@ def conn_id(conn: object) -> int:
 
 def test_one_buffer_packs_like_redis_py(redis_url: str) -> None:
     """The whole call goes out as one buffer, byte for byte what redis-py packs."""
-    from checkpointers.backends.redis import _pack
+    from checkpointers.backends._redis_transport import _pack
 
     client = redis.Redis.from_url(redis_url)
     conn = client.connection_pool.get_connection()
@@ -338,26 +349,61 @@ async def _async_workout(b: RedisBackend, p: Partition) -> list[object]:
 
 
 def test_async_replies_read_from_hiredis_like_redis_py(redis_backend: RedisBackend, monkeypatch) -> None:  # noqa: ANN001
-    """The async client reads replies itself (never through redis-py's
+    """The lean async transport reads replies itself (never through redis-py's
     parse_response) and gets what redis-py's own path gets; without hiredis
-    it falls back to that path."""
-    import checkpointers.backends.redis as redis_module
+    the client gets the stock transport when it connects, with the same results."""
 
     def not_called(*args: object, **kwargs: object) -> None:
         raise AssertionError("parse_response was called")
 
+    async def workout(expected: type) -> list[object]:
+        out = await _async_workout(b, Partition("lean", "items", "s"))
+        assert type(await b._link.async_transport()) is expected
+        return out
+
     b = redis_backend
     with monkeypatch.context() as m:
         m.setattr(redis.asyncio.Redis, "parse_response", not_called)
-        lean = asyncio.run(_async_workout(b, Partition("lean", "items", "s")))
+        lean = asyncio.run(workout(transport_module.LeanTransport))
     with monkeypatch.context() as m:
-        m.setattr(redis_module, "_NOT_ENOUGH_DATA", None)  # as without hiredis
-        fallback = asyncio.run(_async_workout(b, Partition("lean", "items", "s")))
+        m.setattr(transport_module, "_NOT_ENOUGH_DATA", None)  # as without hiredis
+        fallback = asyncio.run(workout(transport_module.StockTransport))
     assert lean == fallback
     assert lean[-2:] == [["s"], 2] and lean[1] == (0, b"1")
 
 
-def test_async_push_messages_go_to_the_parser_not_into_replies(redis_backend: RedisBackend, monkeypatch) -> None:  # noqa: ANN001
+def test_lean_falls_back_to_stock_where_redis_py_internals_moved(redis_url: str, monkeypatch) -> None:  # noqa: ANN001
+    """A sync client whose connections lack a method the lean transport calls
+    gets the stock transport, chosen once when the client is made."""
+    monkeypatch.setattr(transport_module, "_CONNECTION_METHODS", ("send_packed_command", "moved_away"))
+    b = RedisBackend.from_url(redis_url, prefix=f"fb{uuid.uuid4().hex[:8]}")
+    p = Partition("fb", "items", "s")
+    try:
+        assert b.write(p, [make_put("a", b"1")]).conflict is None
+        assert isinstance(b._link.sync_transport(), transport_module.StockTransport)
+        assert b.get(p, ["a"])[0].value == b"1"  # type: ignore[union-attr]
+        assert b.drop(p) == 1
+    finally:
+        b.close()
+
+
+def test_transport_option(redis_url: str, redis_cluster_backend: RedisBackend) -> None:
+    """transport= and ?transport= pick the stock path; anything else is refused;
+    a Cluster always runs on stock."""
+    for b in (RedisBackend.from_url(redis_url + "?transport=stock"), RedisBackend(url=redis_url, transport="stock")):
+        try:
+            assert b.transport == "stock" and b._link.sync_transport().kind == "stock"
+            assert asyncio.run(b._link.async_transport()).kind == "stock"
+        finally:
+            b.close()
+    with pytest.raises(ValueError, match="transport"):
+        RedisBackend.from_url(redis_url + "?transport=fast")
+    with pytest.raises(ValueError, match="transport"):
+        RedisBackend(url=redis_url, transport="fast")
+    assert redis_cluster_backend._link.sync_transport().kind == "stock"
+
+
+def test_async_push_messages_go_to_the_parser_not_into_replies(each_redis: RedisBackend, monkeypatch) -> None:  # noqa: ANN001
     """A RESP3 push message arriving between two replies of one round trip (a
     client-tracking invalidation: Redis sends it right after the reply of the
     command that changed a tracked key) reaches the parser's push handler and
@@ -372,7 +418,7 @@ def test_async_push_messages_go_to_the_parser_not_into_replies(redis_backend: Re
         return await original(self, response, **kwargs)
 
     monkeypatch.setattr(_AsyncHiredisParser, "handle_push_response", counting)
-    b = redis_backend
+    b = each_redis
     key = f"{b.prefix}:tracked"
     # RESP3 is redis-py's default (RESP2 would refuse tracking without REDIRECT)
     call = _Call([("CLIENT", "TRACKING", "ON"), ("GET", key), ("SET", key, "2"), ("GET", key),
@@ -382,38 +428,52 @@ def test_async_push_messages_go_to_the_parser_not_into_replies(redis_backend: Re
     assert len(handled) == 1 and bytes(handled[0][0]) == b"invalidate"  # type: ignore[index]
 
 
-def test_the_benchmarks_request_counter_sees_every_round_trip(redis_backend: RedisBackend) -> None:
-    """benchmarks/ counts Redis requests on the client independently of the
-    backend's own counter; both agree, sync and async (where the backend
-    writes on the connection's stream itself)."""
+def test_the_benchmarks_request_counter_sees_every_round_trip(each_redis: RedisBackend) -> None:
+    """benchmarks/ counts our round trips with the backend's own counter (once,
+    on either transport: never again where redis-py writes them), and every
+    other redis-py client's requests where redis-py writes them; sync and async."""
     from benchmarks.services import counting_redis_round_trips
 
-    b, p = redis_backend, Partition("count", "items", "s")
+    b, p = each_redis, Partition("count", "items", "s")
+    other, aother = redis.Redis.from_url(b._url), redis.asyncio.Redis.from_url(b._url)  # type: ignore[arg-type]
 
-    async def async_calls(counter: object) -> tuple[int, dict[str, int]]:
+    async def async_calls(counter: object) -> tuple[int, dict[str, int], dict[str, int]]:
         await b.aget(p, ["a"])  # this loop's connection is open before counting
+        await aother.ping()
         counter.reset()  # type: ignore[attr-defined]
         before = b.round_trips
         await b.awrite(p, [make_put("c", b"3")])
         await b.aget(p, ["a", "c"])
         await b.alist(p, ListQuery())
-        return b.round_trips - before, dict(counter.snapshot())  # type: ignore[attr-defined]
+        ours = dict(counter.snapshot())  # type: ignore[attr-defined]
+        await aother.get("x")
+        await aother.aclose()
+        return b.round_trips - before, ours, dict(counter.snapshot())  # type: ignore[attr-defined]
 
-    with counting_redis_round_trips() as counter:
-        b.write(p, [make_put("a", b"1")])  # the sync connection is open before counting
-        counter.reset()
-        before = b.round_trips
-        b.write(p, [make_put("b", b"2")])
-        b.get(p, ["a", "b"])
-        assert (b.round_trips - before, dict(counter.snapshot())) == (2, {"sync": 2})
-        assert asyncio.run(async_calls(counter)) == (3, {"async": 3})
+    try:
+        with counting_redis_round_trips() as counter:
+            b.write(p, [make_put("a", b"1")])  # the sync connections are open before counting
+            other.ping()
+            counter.reset()
+            before = b.round_trips
+            b.write(p, [make_put("b", b"2")])
+            b.get(p, ["a", "b"])
+            assert (b.round_trips - before, dict(counter.snapshot())) == (2, {"sync": 2})
+            other.get("x")
+            other.pipeline(transaction=False).get("x").get("y").execute()
+            assert dict(counter.snapshot()) == {"sync": 4} and counter.total() == 4
+            assert asyncio.run(async_calls(counter)) == (3, {"async": 3}, {"async": 4})
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_server_that_stops_answering_times_out(redis_url: str, mode: str) -> None:
+def test_a_server_that_stops_answering_times_out(redis_url: str, redis_transport: str, mode: str) -> None:
     """``socket_timeout`` bounds a round trip on a connection already open
-    (the async one has one timeout for the whole round trip)."""
-    b = RedisBackend.from_url(redis_url, prefix=f"to{uuid.uuid4().hex[:8]}", retry_attempts=0, socket_timeout=0.3)
+    (the lean async one has one timeout for the whole round trip)."""
+    b = RedisBackend.from_url(
+        redis_url, prefix=f"to{uuid.uuid4().hex[:8]}", retry_attempts=0, socket_timeout=0.3, transport=redis_transport
+    )
     p = Partition("slow", "items", "s")
     pauser = redis.Redis.from_url(redis_url)
 
@@ -442,9 +502,9 @@ def test_a_server_that_stops_answering_times_out(redis_url: str, mode: str) -> N
 # -- list strategies against the reference ------------------------------------
 
 
-def test_prefix_and_tag_queries_take_every_path(redis_backend: RedisBackend) -> None:
+def test_prefix_and_tag_queries_take_every_path(each_redis: RedisBackend) -> None:
     """Few names under a prefix (sorted in the script) and many (index walk)."""
-    b, mem = redis_backend, MemoryBackend()
+    b, mem = each_redis, MemoryBackend()
     p = Partition("paths", "items", "s")
     puts = []
     for i in range(600):
@@ -474,9 +534,9 @@ def _tree(p: Partition, backends: list[RedisBackend | MemoryBackend], checkpoint
             assert backend.write(p, puts[chunk : chunk + 200]).conflict is None
 
 
-def test_depth_and_children_take_every_path(redis_backend: RedisBackend) -> None:
+def test_depth_and_children_take_every_path(each_redis: RedisBackend) -> None:
     """Name order both ways, seq order through the sort and the index walk, tag indexes."""
-    b, mem = redis_backend, MemoryBackend()
+    b, mem = each_redis, MemoryBackend()
     p = Partition("tree", "langgraph", "t")
     _tree(p, [b, mem], 150)
     _tree(p, [b, mem], 20, ns="_sub")
@@ -505,10 +565,10 @@ def _calls_in_server(client: redis.Redis) -> int:
     return sum(v["calls"] for k, v in stats.items() if k not in skip)
 
 
-def test_latest_with_children_reads_a_bounded_part_of_the_history(redis_backend: RedisBackend) -> None:
+def test_latest_with_children_reads_a_bounded_part_of_the_history(each_redis: RedisBackend) -> None:
     """The newest checkpoint and its writes: one script that runs as many commands
     for 2000 checkpoints as for 12 (the walk skips subtrees, it does not scan)."""
-    b = redis_backend
+    b = each_redis
     costs = {}
     for history in (12, 2000):  # the newest checkpoint has three writes in both
         p = Partition("tree", "langgraph", f"hot-{history}")
@@ -532,7 +592,7 @@ def test_latest_with_children_reads_a_bounded_part_of_the_history(redis_backend:
 
 def test_cluster_batches_and_drop_stay_in_one_slot(redis_cluster_backend: RedisBackend) -> None:
     b = redis_cluster_backend
-    client = b._sync_client()
+    client = raw_client(b)
     slots = set()
     for i in range(6):
         p = Partition(f"user{i}", "langgraph", f"thread/{i}")
@@ -588,15 +648,18 @@ def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
     ("mode", "kills"),
     [("sync", 1), ("async", 1), pytest.param("sync", 5, marks=pytest.mark.deep)],
 )
-def test_sigkill_and_restart_loses_no_acknowledged_write(aof_server: RedisServer, mode: str, kills: int) -> None:
+def test_sigkill_and_restart_loses_no_acknowledged_write(
+    aof_server: RedisServer, redis_transport: str, mode: str, kills: int
+) -> None:
     """Writes go on while the server is SIGKILLed and restarted from its AOF.
 
     Each write either succeeds (perhaps after retries) or raises
     BackendUnavailableError; every write that succeeded is there afterwards.
     """
     backend = RedisBackend.from_url(
-        aof_server.url, prefix="fault", retry_attempts=8, retry_backoff=0.05, retry_backoff_max=0.5
-    )
+        aof_server.url, prefix="fault", retry_attempts=8, retry_backoff=0.05, retry_backoff_max=0.5,
+        transport=redis_transport,
+    )  # fmt: skip
     p = Partition("fault", "items", "s")
     acknowledged: dict[str, str] = {}
     failures: list[BackendUnavailableError] = []
@@ -660,8 +723,8 @@ def test_sigkill_and_restart_loses_no_acknowledged_write(aof_server: RedisServer
 # -- 5. ttl ---------------------------------------------------------------------
 
 
-def test_ttl_expires_a_partition_together_and_writes_refresh_it(redis_url: str) -> None:
-    b = RedisBackend.from_url(redis_url, prefix=f"ttl{uuid.uuid4().hex[:8]}", ttl=1)
+def test_ttl_expires_a_partition_together_and_writes_refresh_it(redis_url: str, redis_transport: str) -> None:
+    b = RedisBackend.from_url(redis_url, prefix=f"ttl{uuid.uuid4().hex[:8]}", ttl=1, transport=redis_transport)
     client = raw_client(b)
     p = Partition("ttl", "items", "s")
     other = Partition("ttl", "items", "kept")
@@ -719,12 +782,17 @@ def test_transient_errors_are_the_retryable_ones() -> None:
     assert not is_transient(rex.ResponseError("x")) and not is_transient(rex.DataError("x"))
 
 
-def test_unreachable_server_is_retried_then_unavailable() -> None:
-    b = RedisBackend.from_url(f"redis://127.0.0.1:{free_port()}/0", retry_attempts=3, retry_backoff=0.01)
+def test_unreachable_server_is_retried_then_unavailable(redis_transport: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    b = RedisBackend.from_url(url, retry_attempts=3, retry_backoff=0.01, transport=redis_transport)
     with pytest.raises(BackendUnavailableError) as info:
         b.get(Partition("u", "items", "s"), ["a"])
     assert isinstance(info.value.__cause__, rex.ConnectionError)
     assert (b.round_trips, b.retries) == (4, 3)
+    with pytest.raises(BackendUnavailableError) as info:
+        asyncio.run(b.aget(Partition("u", "items", "s"), ["a"]))
+    assert isinstance(info.value.__cause__, rex.ConnectionError)
+    assert (b.round_trips, b.retries) == (8, 6)
     b.close()
 
 
@@ -739,9 +807,9 @@ def run_as_retried(b: RedisBackend, op):  # noqa: ANN001, ANN201
         return done.value
 
 
-def test_retried_create_that_had_applied_reports_success(redis_backend: RedisBackend) -> None:
+def test_retried_create_that_had_applied_reports_success(each_redis: RedisBackend) -> None:
     """A CREATE whose first attempt applied but whose reply was lost is not a conflict."""
-    b = redis_backend
+    b = each_redis
     p = Partition("u", "items", "s")
     put = make_put("i/_x", b"v", mode=Mode.CREATE)
     b.write(p, [put])  # the first attempt, whose reply was "lost"
@@ -770,8 +838,8 @@ def _hash_fields(b: RedisBackend, p: Partition) -> set[bytes]:
     return set(raw_client(b).hkeys(b.keys_of(p)[0]))
 
 
-def test_staged_values_skip_the_script_and_read_like_any_record(redis_backend: RedisBackend) -> None:
-    b = redis_backend
+def test_staged_values_skip_the_script_and_read_like_any_record(each_redis: RedisBackend) -> None:
+    b = each_redis
     p = Partition("st", "langgraph", "t-" + uuid.uuid4().hex[:8])
     sent: list = []  # type: ignore[type-arg]
     execute = b._execute
@@ -813,10 +881,10 @@ def test_staged_values_skip_the_script_and_read_like_any_record(redis_backend: R
 
 
 @pytest.mark.parametrize("empty", [False, True])
-def test_refused_batch_leaves_no_trace_of_its_staged_values(redis_url: str, empty: bool) -> None:
+def test_refused_batch_leaves_no_trace_of_its_staged_values(redis_url: str, redis_transport: str, empty: bool) -> None:
     """A conflict on the checkpoint record leaves the partition exactly as it was
     (the values sent ahead are removed again), also with ttl on an empty partition."""
-    b = RedisBackend.from_url(redis_url, prefix="st" + uuid.uuid4().hex[:8], ttl=60)
+    b = RedisBackend.from_url(redis_url, prefix="st" + uuid.uuid4().hex[:8], ttl=60, transport=redis_transport)
     try:
         p = Partition("st", "langgraph", "t")
         kept = _blob(b"kept")
@@ -855,11 +923,11 @@ def _resumed(op, first):  # noqa: ANN001, ANN202
             return done.value
 
 
-def test_staged_value_deleted_before_the_script_is_resent_inline(redis_backend: RedisBackend) -> None:
+def test_staged_value_deleted_before_the_script_is_resent_inline(each_redis: RedisBackend) -> None:
     """A concurrent delete between the HSETNX and the script (simulated: the
     HSETNX is dropped from the round trip) costs one more round trip, never a
     record without its value."""
-    b = redis_backend
+    b = each_redis
     p = Partition("st", "langgraph", "race-" + uuid.uuid4().hex[:8])
     blob = _blob(b"raced")
     op = b._write_op(p, [blob, make_put("c/_/1", b"c", mode=Mode.APPEND)], [])
@@ -903,10 +971,10 @@ def test_from_url_reads_valkey_scheme_and_query_options(redis_url: str) -> None:
 # read the damaged part.
 
 
-@pytest.fixture(params=["standalone", "cluster"])
+@pytest.fixture(params=["redis", "redis_stock", "redis_cluster"])
 def any_redis(request: pytest.FixtureRequest) -> RedisBackend:
-    """The backend on a standalone server, then on the 3-master cluster."""
-    return request.getfixturevalue("redis_backend" if request.param == "standalone" else "redis_cluster_backend")  # type: ignore[no-any-return]
+    """The backend on a standalone server (each transport), then on the 3-master cluster."""
+    return request.getfixturevalue(f"{request.param}_backend")  # type: ignore[no-any-return]
 
 
 PICK, CHILD = "c/a", "c/a/w"  # a tagged record with a child, and the child
@@ -1040,10 +1108,10 @@ def test_damaged_record_is_corrupt_on_every_read_path(any_redis: RedisBackend, d
             assert damaged[label, path] == before, (label, path)
 
 
-def test_the_list_script_reports_damage_not_an_outage(redis_backend: RedisBackend) -> None:
+def test_the_list_script_reports_damage_not_an_outage(each_redis: RedisBackend) -> None:
     """Before: 'attempt to perform arithmetic on a nil value' from the script,
     reported as BackendUnavailableError."""
-    b = redis_backend
+    b = each_redis
     p = _damage_partition(b)
     raw_client(b).hset(b.keys_of(p)[0], f"m:{PICK}", b"no fields")
     for query in (ListQuery(tags={"k": "v"}), ListQuery(prefix="c/a", order="seq")):
@@ -1309,12 +1377,12 @@ def test_append_compares_the_content_part_of_digests(any_redis: RedisBackend, st
     assert b.get(p, [name]) == [stored]
 
 
-def test_a_retried_batch_recognises_its_append_by_content_digest(redis_backend: RedisBackend) -> None:
+def test_a_retried_batch_recognises_its_append_by_content_digest(each_redis: RedisBackend) -> None:
     """A retried batch refused only because its first attempt applied: an append in it
     whose stored record carries another seal of the same content still counts as its own."""
     from checkpointers._flows import new_etag
 
-    b = redis_backend
+    b = each_redis
     p = Partition("seal", "items", "retry-" + uuid.uuid4().hex[:8])
     b.write(p, [Put("b/abc", b"v", "abc.x", new_etag(), {}, Mode.APPEND)])
     batch = [make_put("c/1", b"c", mode=Mode.CREATE), Put("b/abc", b"v", "abc.y", new_etag(), {}, Mode.APPEND)]
@@ -1351,8 +1419,8 @@ QUERY = st.builds(
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(batches=st.lists(BATCH, min_size=1, max_size=8), queries=st.lists(QUERY, min_size=1, max_size=12))
-def test_same_results_as_the_memory_backend(redis_backend: RedisBackend, batches, queries) -> None:  # noqa: ANN001
-    b, mem = redis_backend, MemoryBackend()
+def test_same_results_as_the_memory_backend(each_redis: RedisBackend, batches, queries) -> None:  # noqa: ANN001
+    b, mem = each_redis, MemoryBackend()
     p = Partition("diff", "items", uuid.uuid4().hex)
     for puts_spec, dels_spec in batches:
         names_in_puts = {n for n, *_ in puts_spec}

@@ -11,6 +11,8 @@ Where the server comes from, in order:
 4. otherwise the Redis tests skip with the reason, except under ``CI=true``,
    where a missing Redis fails them.
 
+``redis_backend`` and ``redis_stock_backend`` are the backend on each of its
+transports (:data:`REDIS_TRANSPORTS`); ``redis_transport`` names each in turn.
 ``redis_cluster_backend`` runs on a real three-master Redis Cluster started
 with ``redis-server --cluster-enabled yes`` and ``redis-cli --cluster create``
 on loopback ports (skipped only when the binaries are absent, never under CI).
@@ -222,11 +224,18 @@ def _drop_prefix(url: str, prefix: str) -> None:
         client.close()
 
 
-def _backend(url: str) -> Iterator[object]:
+#: The transports the Redis fixtures come in (``RedisBackend(transport=...)``):
+#: test id -> option. ``redis`` is the default (lean, falling back to stock
+#: where it cannot run), ``redis_stock`` plain redis-py pipelines. A Cluster
+#: always runs on stock, so ``redis_cluster_backend`` needs no second one.
+REDIS_TRANSPORTS = {"redis": "lean", "redis_stock": "stock"}
+
+
+def _backend(url: str, transport: str = "lean") -> Iterator[object]:
     from checkpointers.backends.redis import RedisBackend
 
     prefix = f"t{uuid.uuid4().hex[:12]}"
-    backend = RedisBackend.from_url(url, prefix=prefix)
+    backend = RedisBackend.from_url(url, prefix=prefix, transport=transport)
     try:
         yield backend
     finally:
@@ -236,8 +245,20 @@ def _backend(url: str) -> Iterator[object]:
 
 @pytest.fixture
 def redis_backend(redis_url: str) -> Iterator[object]:
-    """A fresh RedisBackend (own key prefix) on the session's Redis server."""
-    yield from _backend(redis_url)
+    """A fresh RedisBackend (own key prefix) on the session's Redis server, lean transport."""
+    yield from _backend(redis_url, REDIS_TRANSPORTS["redis"])
+
+
+@pytest.fixture
+def redis_stock_backend(redis_url: str) -> Iterator[object]:
+    """The same on the stock transport (public redis-py only)."""
+    yield from _backend(redis_url, REDIS_TRANSPORTS["redis_stock"])
+
+
+@pytest.fixture(params=list(REDIS_TRANSPORTS.values()), ids=list(REDIS_TRANSPORTS))
+def redis_transport(request: pytest.FixtureRequest) -> str:
+    """Each transport in turn (ids ``redis``, ``redis_stock``), for tests that build their own backends."""
+    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture

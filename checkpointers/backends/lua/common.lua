@@ -1,0 +1,82 @@
+-- Shared by write.lua and list.lua: the loader puts this file in front of
+-- each (one script each, so one SHA and one cache entry per script).
+-- Damaged stored data aborts a script with corrupt(), caught by guarded(),
+-- which replies {code, name, reason, meta}: the client raises
+-- CorruptItemError naming the record. Never an error reply, which the client
+-- cannot tell from an outage.
+local function corrupt(name, reason, meta)
+  error({corrupt = name, reason = reason, meta = meta or false}, 0)
+end
+-- seq, etag, digest, tag pairs of a record's metadata (the tags JSON is
+-- parsed by the client), or nil when damaged (a missing field, a seq that
+-- is not an integer)
+local function parse_meta(meta)
+  local a = string.find(meta, "\n", 1, true)
+  local b = a and string.find(meta, "\n", a + 1, true)
+  local c = b and string.find(meta, "\n", b + 1, true)
+  local d = c and string.find(meta, "\n", c + 1, true)
+  if not d then return nil end
+  local seq = string.sub(meta, 1, a - 1)
+  if not string.find(seq, "^%d+$") then return nil end
+  return seq, string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+end
+-- the same, damage aborting
+local function meta_parts(name, meta)
+  local seq, etag, digest, pairs = parse_meta(meta)
+  if not seq then corrupt(name, "its metadata is not seq, etag, digest, tag pairs, tags", meta) end
+  return seq, etag, digest, pairs
+end
+-- main() with damage turned into the reply {code, name, reason, meta}: what
+-- corrupt() raised, or a key of ours holding the wrong type (the key named),
+-- after on_damage() (if given) tidied up; any other error is raised on
+-- unchanged. Only the damage path costs more than one pcall.
+local KEY_TYPES = {"hash", "zset", "zset", "zset", "string"}  -- r n x t seq
+local function damage(res)
+  if type(res) == "table" and res.corrupt then return {res.corrupt, res.reason, res.meta} end
+  local msg = type(res) == "table" and res.err or res
+  if type(msg) ~= "string" then return nil end
+  if string.sub(msg, 1, 9) ~= "WRONGTYPE" and not string.find(msg, "not an integer", 1, true) then return nil end
+  for i, k in ipairs(KEYS) do
+    local kind = redis.call("TYPE", k).ok
+    if kind ~= "none" and kind ~= KEY_TYPES[i] then
+      return {k, "the Redis key holds a " .. kind .. ", not a " .. KEY_TYPES[i], false}
+    end
+  end
+  local seq = KEYS[5] and redis.call("GET", KEYS[5])
+  if seq and not string.find(seq, "^%d+$") then return {KEYS[5], "the sequence counter is not an integer", false} end
+  return nil
+end
+local function guarded(code, main, on_damage)
+  local ok, res = pcall(main)
+  if ok then return res end
+  local found = damage(res)
+  if not found then error(res, 0) end
+  if on_damage then pcall(on_damage) end
+  return {code, found[1], found[2], found[3]}
+end
+local function pad(seq)
+  return string.format("%016d", tonumber(seq))
+end
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
+-- one command over a long argument list, in chunks that unpack() can take;
+-- returns the concatenated replies of the chunks
+local function many(cmd, key, args)
+  local out = {}
+  for s = 1, #args, 4000 do
+    local reply = redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
+    if type(reply) == "table" then
+      for _, v in ipairs(reply) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+-- the same for a command whose replies are not needed (no result table: a
+-- Lua table costs as much as a short redis.call's argument handling)
+local function apply(cmd, key, args)
+  for s = 1, #args, 4000 do
+    redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
+  end
+end

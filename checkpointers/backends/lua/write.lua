@@ -1,0 +1,197 @@
+-- KEYS: r n x t seq
+-- ARGV: ttl_ms nputs ndeletes, then 9 per put:
+--         name mode(u/c/a/i/s) if_match etag digest pairs tags_json ancestors value
+--       then 4 per delete: name has_if_match(0/1) if_match ancestors
+-- Mode "s" is a staged put (an append) whose value the client already sent
+-- with HSETNX into "v:<name>" in the same pipeline: its value argument is
+-- empty and the script never touches "v:<name>" on success.
+-- Returns {0, index, stored meta, stored value, now_empty} for a refused batch,
+--         {2} when a staged value is not there (a concurrent delete removed it
+--             between the HSETNX and the script; nothing was applied: re-send
+--             with the values inline),
+--         {3, name, reason, meta} when the batch meets damaged stored data
+--             (nothing was applied; see guarded()),
+--         {1, was_empty, now_empty, meta of put 1, meta of put 2, ...} otherwise.
+-- Append mode compares content digests: the part before the first "." (a
+-- seal may follow it; see backends.base.content_digest).
+local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ttl, np, nd = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local PW, DW = 9, 4
+local D0 = 3 + np * PW
+-- after damage stopped the batch: the staged values it sent ahead whose
+-- record is absent go again, as on a refusal
+local function drop_orphans()
+  for k = 0, np - 1 do
+    local b = 3 + k * PW
+    if ARGV[b + 2] == "s" and redis.call("HEXISTS", r, "m:" .. ARGV[b + 1]) == 0 then
+      redis.call("HDEL", r, "v:" .. ARGV[b + 1])
+    end
+  end
+end
+return guarded(3, function()
+-- 1. read what is stored (one HMGET) and check every condition; refuse the
+--    whole batch at the first failure
+local fields = {}
+for i = 0, np - 1 do fields[#fields + 1] = "m:" .. ARGV[3 + i * PW + 1] end
+for j = 0, nd - 1 do fields[#fields + 1] = "m:" .. ARGV[D0 + j * DW + 1] end
+local stored = {}  -- 0-based like the conflict index; false where absent
+for k, meta in ipairs(many("HMGET", r, fields)) do stored[k - 1] = meta end
+-- every stored record's fields, parsed once. A damaged record can still be
+-- replaced (upsert) or deleted without a condition: its index members are
+-- then found by scanning the indexes. A condition on it cannot be checked:
+-- damage aborts here, before anything is written.
+local s_seq, s_etag, s_digest, s_pairs, s_damaged = {}, {}, {}, {}, {}
+for k = 0, np + nd - 1 do
+  local meta = stored[k]
+  if meta then
+    local seq, etag, digest, pairs = parse_meta(meta)
+    if seq and not string.find(pairs, "[^%w_%%=%- ]") then
+      s_seq[k], s_etag[k], s_digest[k], s_pairs[k] = seq, etag, digest, pairs
+    else
+      local name, unconditional
+      if k < np then
+        name, unconditional = ARGV[3 + k * PW + 1], ARGV[3 + k * PW + 2] == "u"
+      else
+        name, unconditional = ARGV[D0 + (k - np) * DW + 1], ARGV[D0 + (k - np) * DW + 2] == "0"
+      end
+      if not unconditional then corrupt(name, "its metadata is not seq, etag, digest, tag pairs, tags", meta) end
+      s_damaged[k] = true
+    end
+  end
+end
+local noop = {}
+local function refuse(i, name)
+  local empty = redis.call("EXISTS", n) == 0 and 1 or 0
+  local out = {0, i, stored[i], redis.call("HGET", r, "v:" .. name), empty}
+  -- the staged values this batch sent ahead and nothing refers to: gone
+  -- again (a concurrent batch that counted on one re-sends it, see {2})
+  local orphans = {}
+  for k = 0, np - 1 do
+    if ARGV[3 + k * PW + 2] == "s" and not stored[k] then
+      orphans[#orphans + 1] = "v:" .. ARGV[3 + k * PW + 1]
+    end
+  end
+  apply("HDEL", r, orphans)
+  return out
+end
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  local name, mode, meta = ARGV[b + 1], ARGV[b + 2], stored[i]
+  if mode == "c" and meta then return refuse(i, name) end
+  if mode == "i" then
+    if not meta then return refuse(i, name) end
+    if s_etag[i] ~= ARGV[b + 3] then return refuse(i, name) end
+  end
+  if (mode == "a" or mode == "s") and meta then
+    local have, want = s_digest[i], ARGV[b + 5]
+    if have ~= want and string.match(have, "^[^.]*") ~= string.match(want, "^[^.]*") then
+      return refuse(i, name)
+    end
+    noop[i] = true
+  end
+end
+for j = 0, nd - 1 do
+  local b = D0 + j * DW
+  local meta = stored[np + j]
+  if ARGV[b + 2] == "1" then
+    if not meta then return refuse(np + j, ARGV[b + 1]) end
+    if s_etag[np + j] ~= ARGV[b + 3] then return refuse(np + j, ARGV[b + 1]) end
+  end
+end
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  if ARGV[b + 2] == "s" and not noop[i] and redis.call("HEXISTS", r, "v:" .. ARGV[b + 1]) == 0 then
+    return {2}
+  end
+end
+
+-- 2. apply: collect every index change, then one command per key (old
+--    index members go before new ones, which may be equal to them)
+local x_old, t_old, x_new, t_new, n_new, r_new, gone = {}, {}, {}, {}, {}, {}, {}
+local function unindex(name, k, ancestors)  -- the index members of stored record k
+  if s_damaged[k] then
+    -- members end with "|" .. name (a name has no "|"): a scan, paid only
+    -- when damage is being overwritten
+    local tail = "|" .. name
+    for _, m in ipairs(redis.call("ZRANGE", x, 0, -1)) do
+      if string.sub(m, -#tail) == tail then x_old[#x_old + 1] = m end
+    end
+    for _, m in ipairs(redis.call("ZRANGE", t, 0, -1)) do
+      if string.sub(m, -#tail) == tail then t_old[#t_old + 1] = m end
+    end
+    return
+  end
+  local s, pairs = pad(s_seq[k]), s_pairs[k]
+  x_old[#x_old + 1] = "|" .. s .. "|" .. name
+  for a in string.gmatch(ancestors, "[^ ]+") do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
+  for p in string.gmatch(pairs, "[^ ]+") do
+    t_old[#t_old + 1] = "s" .. p .. "|" .. s .. "|" .. name
+    t_old[#t_old + 1] = "n" .. p .. "|" .. name
+  end
+end
+local applied = 0
+for i = 0, np - 1 do if not noop[i] then applied = applied + 1 end end
+-- was it empty? Its seq counter says so without one more command: every
+-- applied put creates the counter, and whatever empties a partition removes
+-- it too (step 3 below, drop, a ttl expiring all the keys at once). A batch
+-- that applies no put cannot fill an empty partition: 0 is right for it.
+local out = {1, 0, 0}
+local seq = 0
+if applied > 0 then
+  seq = redis.call("INCRBY", seqkey, applied) - applied
+  if seq == 0 then out[2] = 1 end
+end
+for i = 0, np - 1 do
+  local b = 3 + i * PW
+  local name, pairs, ancestors = ARGV[b + 1], ARGV[b + 6], ARGV[b + 8]
+  if noop[i] then
+    out[#out + 1] = stored[i]
+  else
+    if stored[i] then unindex(name, i, ancestors) end
+    seq = seq + 1
+    local s = pad(seq)
+    local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
+    push(r_new, "m:" .. name, meta)
+    if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
+    -- scores are the string "0": a Lua number would be formatted for every member
+    push(n_new, "0", name)
+    push(x_new, "0", "|" .. s .. "|" .. name)
+    for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end
+    for p in string.gmatch(pairs, "[^ ]+") do
+      push(t_new, "0", "s" .. p .. "|" .. s .. "|" .. name)
+      push(t_new, "0", "n" .. p .. "|" .. name)
+    end
+    out[#out + 1] = meta
+  end
+end
+for j = 0, nd - 1 do
+  local b = D0 + j * DW
+  local name = ARGV[b + 1]
+  if stored[np + j] then
+    unindex(name, np + j, ARGV[b + 4])
+    push(gone, "m:" .. name, "v:" .. name)
+  end
+end
+apply("ZREM", x, x_old)
+apply("ZREM", t, t_old)
+local n_old = {}
+for j = 0, nd - 1 do
+  if stored[np + j] then n_old[#n_old + 1] = ARGV[D0 + j * DW + 1] end
+end
+apply("ZREM", n, n_old)
+apply("HDEL", r, gone)
+apply("HSET", r, r_new)
+apply("ZADD", n, n_new)
+apply("ZADD", x, x_new)
+apply("ZADD", t, t_new)
+
+-- 3. an empty partition keeps no keys; a live one gets its expiry refreshed
+--    (a batch that stored a put cannot have left it empty)
+if (nd > 0 or np == 0) and redis.call("EXISTS", n) == 0 then
+  out[3] = 1
+  redis.call("DEL", seqkey)
+elseif ttl > 0 then
+  for _, k in ipairs(KEYS) do redis.call("PEXPIRE", k, ttl) end
+end
+return out
+end, drop_orphans)

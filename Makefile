@@ -52,7 +52,7 @@ test-lowest: $(LOWEST_STAMP)
 	$(LOWEST_PY) -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
 
 # LangGraph's own test suite (from the installed version's sdist) on our
-# savers, against InMemorySaver and SqliteSaver. Slow (~10 min): not part of
+# savers, against InMemorySaver and SqliteSaver. Slow (~12-16 min): not part of
 # `make test`. Options: make langgraph-suite ARGS="--savers memory,sqlite -k interrupt"
 LG_SUITE_STAMP := $(VENV)/.installed-langgraph-suite
 

@@ -12,6 +12,7 @@ migration), and the sync/async faces sharing a file across event loops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -50,8 +51,9 @@ def _versions(path: Path) -> list[int]:
         return [v for (v,) in conn.execute("SELECT v FROM schema_migrations ORDER BY v")]
 
 
-def _aiosqlite_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
+def _worker_threads() -> list[threading.Thread]:
+    """The async worker threads of SQLite backends (``Offload``) alive now."""
+    return [t for t in threading.enumerate() if t.name == "checkpointers-sqlite"]
 
 
 def _in_threads(fn: Any, count: int) -> list[BaseException]:
@@ -930,11 +932,11 @@ def test_sync_and_async_see_each_other_across_event_loops(tmp_path: Path) -> Non
         assert backend.get(P, ["async1"])[0].value == b"a1"  # type: ignore[union-attr]
         asyncio.run(second_loop())
         assert [r.name for r in backend.list(P, ListQuery(order="seq"))] == ["sync", "async1", "async2"]
-        # the closed first loop's worker thread was stopped when the second loop came
-        assert _wait_until(lambda: len(_aiosqlite_threads()) <= 1)
+        # one worker thread serves both loops (a closed loop leaves nothing to stop)
+        assert _wait_until(lambda: len(_worker_threads()) <= 1)
     finally:
         backend.close()
-    assert _wait_until(lambda: _aiosqlite_threads() == []), "close() left aiosqlite threads"
+    assert _wait_until(lambda: _worker_threads() == []), "close() left the worker thread"
 
 
 def test_event_loops_in_several_threads_at_once(tmp_path: Path) -> None:
@@ -957,17 +959,76 @@ def test_event_loops_in_several_threads_at_once(tmp_path: Path) -> None:
         assert len({r.seq for r in records}) == len(records)
     finally:
         backend.close()
-    assert _wait_until(lambda: _aiosqlite_threads() == [])
+    assert _wait_until(lambda: _worker_threads() == [])
 
 
-async def test_aclose_releases_this_loops_connection(tmp_path: Path) -> None:
+async def test_aclose_stops_the_worker(tmp_path: Path) -> None:
     backend = SqliteBackend(tmp_path / "x.db")
     await backend.awrite(P, [make_put("a", b"1")])
-    assert len(_aiosqlite_threads()) == 1
+    assert len(_worker_threads()) == 1
     await backend.aclose()
-    assert _aiosqlite_threads() == []  # awaited: gone at once
+    assert _worker_threads() == []  # awaited: gone at once
     with pytest.raises(BackendUnavailableError):
         await backend.aget(P, ["a"])
+
+
+
+async def test_the_event_loop_runs_no_sqlite_code(tmp_path: Path) -> None:
+    """An async write waiting for another connection's write lock leaves its event loop free."""
+    backend = SqliteBackend(tmp_path / "x.db", timeout=10)
+    other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # holds the write lock
+    try:
+        task = asyncio.ensure_future(backend.awrite(P, [make_put("a", b"1")]))
+        ticks = 0
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 20 and not task.done()
+        other.execute("COMMIT")
+        assert (await task).conflict is None
+    finally:
+        other.close()
+        await backend.aclose()
+
+
+async def test_a_cancelled_call_still_runs_and_the_next_ones_follow(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    try:
+        task = asyncio.ensure_future(backend.awrite(P, [make_put("a", b"1")]))
+        await asyncio.sleep(0)  # queued on the worker
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await backend.aget(P, ["a"]))[0] is not None  # as on aiosqlite: it ran, its result was dropped
+    finally:
+        await backend.aclose()
+
+
+def test_an_event_loop_closed_while_its_call_runs_does_not_stop_the_worker(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db", timeout=10)
+    other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        loop = asyncio.new_event_loop()
+        with pytest.raises(asyncio.TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(backend.awrite(P, [make_put("a", b"1")]), 0.1))
+        loop.close()
+        other.execute("COMMIT")  # the write goes on; its result has no loop to go to
+        assert asyncio.run(backend.aget(P, ["a"]))[0] is not None
+    finally:
+        other.close()
+        backend.close()
+
+
+def test_a_backend_dropped_without_close_stops_its_worker(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    asyncio.run(backend.awrite(P, [make_put("a", b"1")]))
+    worker = backend._offload._thread
+    assert worker is not None and worker.is_alive()
+    del backend
+    gc.collect()
+    assert _wait_until(lambda: not worker.is_alive())
 
 
 # -- SQLite-specific details of the contract --------------------------------------------------

@@ -17,6 +17,11 @@ each in a sync and an async form:
 ``many(ops)`` runs independent operations together; its default calls them
 one by one (async: concurrently), a backend overrides it to batch them.
 
+A backend over a sync-only driver (SQLite's ``sqlite3``) writes the five
+operations once, sync, and gets its async face from :class:`Offload`: each
+``a``-method awaits the sync one run on a worker thread, as aiosqlite does
+for ``sqlite3``.
+
 Guarantees a backend must give (the conformance suite checks them):
 
 * **Atomic batches.** ``write`` checks every condition first; if one fails,
@@ -41,13 +46,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import enum
+import queue
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any
+from typing import Any, TypeVar
 
 from .._names import Partition
+
+T = TypeVar("T")
 
 __all__ = [
     "Backend",
@@ -55,6 +64,7 @@ __all__ = [
     "Delete",
     "ListQuery",
     "Mode",
+    "Offload",
     "Put",
     "Record",
     "WriteResult",
@@ -392,3 +402,135 @@ class Backend(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+# -- the async face of a sync driver -----------------------------------------------
+
+
+class Offload:
+    """Run sync calls on one worker thread and await them from any event loop.
+
+    ``await offload.run(fn, *args)`` queues ``fn(*args)`` for the worker
+    (started on first use) and awaits its result; the event loop never runs
+    driver code. The worker hands the result to the loop that awaits it
+    (``call_soon_threadsafe`` on that loop's future), so one worker serves
+    every event loop of the process, each in its own thread, and a loop
+    that has closed meanwhile simply gets nothing. Calls run one at a time,
+    in the order queued (as on an aiosqlite connection); a call whose
+    awaiting task is cancelled still runs, and its result is dropped.
+
+    Sync calls never go through the worker (they run on the caller's thread),
+    so a thread that runs an event loop can make them without deadlock.
+
+    ``close()`` stops the worker after the calls already queued (without
+    waiting); ``aclose()`` waits for that without blocking the loop. Later
+    calls raise ``closed()``. The worker is a daemon thread: a backend the
+    program forgot to close does not hang interpreter exit, and one that is
+    garbage-collected stops its worker.
+
+    >>> async def main(offload):
+    ...     try:
+    ...         return await offload.run(sum, [1, 2, 3])
+    ...     finally:
+    ...         await offload.aclose()
+    >>> asyncio.run(main(Offload("example")))
+    6
+    """
+
+    def __init__(self, name: str, closed: Callable[[], BaseException] | None = None) -> None:
+        self.name = name
+        self._closed_error = closed or (lambda: RuntimeError(f"{name}: closed"))
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker thread, awaited."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            if self._thread is None:
+                self._thread = threading.Thread(target=_work, args=(self._jobs,), name=self.name, daemon=True)
+                self._thread.start()
+            self._jobs.put((future, fn, args))
+        return await future
+
+    def close(self) -> None:
+        """Stop the worker once the calls already queued have run (idempotent, no wait)."""
+        self._stop(None)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and wait until the worker has ended, without blocking the loop."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        thread = self._stop(done)
+        if thread is None:
+            return
+        await done
+        while thread.is_alive():  # it has run its last call and is returning
+            await asyncio.sleep(0.0005)
+
+    def _stop(self, done: asyncio.Future[None] | None) -> threading.Thread | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._jobs.put((done, None, ()))
+        return thread
+
+    def __del__(self) -> None:
+        if self._thread is not None and not self._closed:
+            self._jobs.put((None, None, ()))
+
+
+#: A queued call: the future to complete, the function (``None``: stop), its arguments.
+_Job = tuple["asyncio.Future[Any] | None", "Callable[..., Any] | None", "tuple[Any, ...]"]
+
+
+def _work(jobs: queue.SimpleQueue[_Job]) -> None:
+    """The worker of an :class:`Offload`: run the queued calls until told to stop.
+
+    It holds the queue, not the :class:`Offload`, and lets go of a call's
+    function and arguments before handing its result over: once a call has
+    been awaited, nothing here keeps its backend alive, so a backend dropped
+    without ``close()`` is collected and stops its worker.
+    """
+    while True:
+        future, fn, args = jobs.get()
+        if fn is None:
+            if future is not None:
+                _deliver(future, _set_result, None)
+            return
+        setter: Callable[[asyncio.Future[Any], Any], None]
+        try:
+            setter, value = _set_result, fn(*args)
+        except BaseException as exc:  # noqa: B036 - handed to the awaiting task, as aiosqlite does
+            setter, value = _set_exception, exc
+        del fn, args
+        _deliver(future, setter, value)
+        del future, value
+
+
+def _deliver(
+    future: asyncio.Future[Any] | None, setter: Callable[[asyncio.Future[Any], Any], None], value: Any
+) -> None:
+    """Have ``future``'s own event loop call ``setter(future, value)``."""
+    if future is None:
+        return
+    try:
+        future.get_loop().call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # that event loop has closed: nobody awaits the result
+        pass
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():  # cancelled meanwhile
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

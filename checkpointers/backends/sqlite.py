@@ -1,12 +1,11 @@
 """SQLite backend: the embedded default, one file shared by threads and processes.
 
-Sync calls use the stdlib :mod:`sqlite3`; async calls use :mod:`aiosqlite`.
-Every operation is written **once**, as a plain function of a
+Every operation is written **once**, as a plain function of a stdlib
 ``sqlite3.Connection`` (``_get``, ``_write``, ``_list``, ``_partitions``,
-``_drop``). The sync face runs it on a pooled connection; the async face hands
-the same function to the worker thread of an aiosqlite connection
-(``Connection._execute(fn, ...)``, the one call aiosqlite's own methods are
-made of), so no SQL or transaction logic exists twice.
+``_drop``). The sync face runs it on a pooled connection; the async face runs
+the sync method on the backend's worker thread (:class:`~.base.Offload`, what
+aiosqlite does for one connection), so no SQL or transaction logic exists
+twice and the event loop never runs SQLite code.
 
 Durability and concurrency
 --------------------------
@@ -36,10 +35,12 @@ Durability and concurrency
   handler does not cover are retried with a short backoff until the same
   deadline. Then :class:`~checkpointers.errors.BackendUnavailableError` is
   raised, the ``sqlite3`` error chained.
-* Connections: sync calls borrow one from a small pool (a connection is used by
-  one thread at a time); async calls use one aiosqlite connection per running
-  event loop, opened lazily, because an aiosqlite connection belongs to the
-  loop it was opened on. ``close()`` / ``aclose()`` release all of them.
+* Connections: reads borrow one from a small pool (a connection is used by
+  one thread at a time), writes use the one writer connection. Async calls
+  run, one at a time, on one worker thread per backend, started on first use;
+  it serves every event loop (each may run in its own thread) and hands each
+  result to the loop that awaits it. ``close()`` / ``aclose()`` release the
+  connections and stop the worker.
 
 Disk space
 ----------
@@ -136,14 +137,12 @@ non-integer is never counted up from nor copied into ``seq_counter``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
 import sqlite3
 import threading
 import time
-import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
@@ -159,6 +158,7 @@ from .base import (
     Delete,
     ListQuery,
     Mode,
+    Offload,
     Put,
     Record,
     WriteResult,
@@ -324,7 +324,7 @@ def _retrying(timeout: float, fn: Callable[..., T], *args: Any) -> T:
     SQLite's busy handler already waits up to ``timeout`` for most lock
     conflicts; this covers the ones it does not (WAL recovery, a concurrent
     ``journal_mode`` change) with a bounded, growing backoff. Runs on whatever
-    thread executes the SQL (an aiosqlite worker thread for async calls), so
+    thread executes the SQL (the worker thread for async calls), so
     sleeping never blocks an event loop.
     """
     deadline = time.monotonic() + timeout
@@ -401,7 +401,7 @@ def _damaged(row: Sequence[Any]) -> CorruptItemError:
     key = name if type(name) is str else repr(name)
     wrong = [
         f"{column} is {_shown(cell)}, not {what}"
-        for (column, kind, what), cell in zip(_SHAPES, row)
+        for (column, kind, what), cell in zip(_SHAPES, row, strict=False)
         if type(cell) is not kind or (column == "tags" and not _tags_ok(cell))
     ]
     return CorruptItemError(key, "the SQLite row is damaged: " + "; ".join(wrong or ["it does not decode"]))
@@ -1122,6 +1122,10 @@ def _drop(conn: sqlite3.Connection, pkey: str) -> int:
 # -- the backend -----------------------------------------------------------------
 
 
+def _closed_error(path: str) -> BackendUnavailableError:
+    return BackendUnavailableError(f"SqliteBackend({path!r}) is closed; open a new one")
+
+
 class SqliteBackend(Backend):
     """Records in one SQLite file, safe for several threads and processes.
 
@@ -1178,7 +1182,9 @@ class SqliteBackend(Backend):
         self._ready = False
         self._closed = False
         self._idle: list[sqlite3.Connection] = []
-        self._aconns: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] = {}
+        # The async face's thread. Its error names the path, not self: no cycle keeps
+        # a backend the program dropped without close() (and its worker) alive.
+        self._offload = Offload("checkpointers-sqlite", functools.partial(_closed_error, self.path))
         with translate_errors(self.path):
             self._idle.append(self._connect())
 
@@ -1216,7 +1222,7 @@ class SqliteBackend(Backend):
         merged.update(options)
         return cls(Path(path), **merged)
 
-    # -- the five operations, sync and async: one line each ----------------------
+    # -- the five operations, sync and async (the sync one on the worker): one line each --
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         return self._run(_get, partition.key, tuple(names))
@@ -1236,21 +1242,21 @@ class SqliteBackend(Backend):
         return self._run_write(_drop, partition.key)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
-        return await self._arun(_get, partition.key, tuple(names))
+        return await self._offload.run(self.get, partition, names)
 
     async def awrite(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return await self._arun(self._on_writer, _write, partition, tuple(puts), tuple(deletes))
+        return await self._offload.run(self.write, partition, puts, deletes)
 
     async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
-        return await self._arun(_list, partition.key, query)
+        return await self._offload.run(self.list, partition, query)
 
     async def apartitions(self, user: str, space: str) -> list[str]:
-        return await self._arun(_partitions, user, space)
+        return await self._offload.run(self.partitions, user, space)
 
     async def adrop(self, partition: Partition) -> int:
-        return await self._arun(self._on_writer, _drop, partition.key)
+        return await self._offload.run(self.drop, partition)
 
     # -- connections -----------------------------------------------------------------
 
@@ -1283,13 +1289,12 @@ class SqliteBackend(Backend):
             raise
         return conn
 
-    def _on_writer(self, _ignored: Any, fn: Callable[..., T], *args: Any) -> T:
+    def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(writer connection, *args)``, under the writer lock.
 
-        Runs on whatever thread calls it (the caller's for sync calls, an
-        aiosqlite worker for async ones) and ignores the connection it is
-        handed: every write of this backend goes through one connection, so
-        its page cache stays warm. A connection's cache is dropped whenever
+        Runs on whatever thread calls it (the caller's for sync calls, the
+        worker for async ones). Every write of this backend goes through one
+        connection, so its page cache stays warm. A connection's cache is dropped whenever
         *another* connection has committed since its last transaction, and
         LangGraph's concurrent put/put_writes threads made the pool hand out
         alternating connections that re-read every page they touched.
@@ -1308,7 +1313,7 @@ class SqliteBackend(Backend):
                     conn.close()
 
     def _closed_error(self) -> BackendUnavailableError:
-        return BackendUnavailableError(f"SqliteBackend({self.path!r}) is closed; open a new one")
+        return _closed_error(self.path)
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection, errors translated."""
@@ -1329,7 +1334,7 @@ class SqliteBackend(Backend):
         if self._closed:
             raise self._closed_error()
         with translate_errors(self.path):
-            return _retrying(self.timeout, self._on_writer, None, fn, *args)
+            return _retrying(self.timeout, self._on_writer, fn, *args)
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
         with self._lock:
@@ -1338,95 +1343,24 @@ class SqliteBackend(Backend):
                 return
         conn.close()
 
-    async def _arun(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on this loop's aiosqlite worker thread."""
-        with translate_errors(self.path):
-            aconn = await self._aconnection()
-            result: T = await aconn._execute(_retrying, self.timeout, fn, aconn._conn, *args)
-            return result
-
-    async def _aconnection(self) -> Any:
-        """This event loop's aiosqlite connection, opened on first use.
-
-        An aiosqlite connection delivers results to the loop that awaits them,
-        and a loop that has closed can take none: so each running loop gets its
-        own, and connections of loops that have since closed are stopped here.
-        """
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._closed:
-                raise self._closed_error()
-            stale = [lp for lp in self._aconns if lp.is_closed()]
-            stale_tasks = [self._aconns.pop(lp) for lp in stale]
-            task = self._aconns.get(loop)
-            if task is None:
-                task = loop.create_task(self._aopen())
-                self._aconns[loop] = task
-        for t in stale_tasks:
-            _stop(t)
-        try:
-            return await asyncio.shield(task)
-        except BaseException:
-            if task.done():
-                with self._lock:
-                    if self._aconns.get(loop) is task:
-                        del self._aconns[loop]
-            raise
-
-    async def _aopen(self) -> Any:
-        import aiosqlite
-
-        aconn = aiosqlite.Connection(self._connect, iter_chunk_size=64)
-        # A daemon worker: a backend the program forgot to close must not hang
-        # interpreter exit (aiosqlite's thread is not a daemon). Dying at exit
-        # mid-transaction is the same as kill -9: nothing half-written survives.
-        worker = getattr(aconn, "_thread", aconn)  # aiosqlite < 0.21: the Connection is the Thread
-        if isinstance(worker, threading.Thread):
-            worker.daemon = True
-        await aconn  # starts the worker thread, which runs self._connect
-        return aconn
-
     def close(self) -> None:
-        """Close every connection: the pooled ones and each loop's aiosqlite one."""
+        """Close every connection and stop the worker (async calls still queued find the backend closed)."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-            tasks, self._aconns = list(self._aconns.values()), {}
         for conn in idle:
             conn.close()
         with self._writer:  # waits for a write in flight to finish
             wconn, self._wconn = self._wconn, None
         if wconn is not None:
             wconn.close()
-        for task in tasks:
-            _stop(task)
+        self._offload.close()
 
     async def aclose(self) -> None:
-        """Close everything, awaiting this loop's aiosqlite connection."""
-        with self._lock:
-            task = self._aconns.pop(asyncio.get_running_loop(), None)
-        if task is not None:
-            try:
-                aconn = await task
-            except Exception:
-                aconn = None
-            if aconn is not None:
-                await aconn.close()
+        """Close everything, awaiting the async calls already queued and the worker's end."""
+        await self._offload.aclose()
         self.close()
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self.path!r})"
 
-
-def _stop(task: asyncio.Task[Any]) -> None:
-    """Stop the aiosqlite connection a finished open-task produced (no await needed).
-
-    ``Connection.stop()`` queues "close the sqlite3 connection, end the
-    thread" on the worker. It asks for the current event loop to attach a
-    future to; outside a loop that lookup may warn, which is irrelevant here.
-    """
-    if not task.done() or task.cancelled() or task.exception() is not None:
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        task.result().stop()

@@ -9,10 +9,23 @@ access to the bucket or the database), so stored bytes must never name code
 to run.
 
 :class:`SafeSerializer` writes exactly what ``JsonPlusSerializer`` writes and
-reads it back, but decoding rebuilds only LangGraph's own safe types
-(``SAFE_MSGPACK_TYPES``: messages, ``Send``, ``Interrupt``, datetimes, UUIDs,
-...) and the ``(module, name)`` pairs given in ``allowed_msgpack_modules``.
-Any other type is **never imported**: the load fails with
+reads it back, but decoding rebuilds only
+
+* LangGraph's own safe types (``SAFE_MSGPACK_TYPES``: messages, ``Send``,
+  ``Interrupt``, datetimes, UUIDs, ...);
+* the ``(module, name)`` pairs given in ``allowed_msgpack_modules``;
+* unless ``strict=True``, **data classes of modules the process has already
+  imported**: pydantic models, dataclasses, enums and named tuples, looked up
+  in ``sys.modules`` without importing anything (no module ``__getattr__``
+  either). This is what lets a graph whose state holds the application's own
+  models resume in a fresh process: LangGraph passes the state schema's types
+  to the saver only under ``LANGGRAPH_STRICT_MSGPACK``. Functions, modules and
+  other classes (``os.system``, ``subprocess.Popen``, ``builtins.eval``) are
+  never data classes; a data class's constructor still runs (its validators or
+  ``__post_init__``), so pass ``strict=True`` when stored bytes may come from
+  someone who should not run those either.
+
+Any other type is **never imported or called**: the load fails with
 :class:`~checkpointers.errors.DisallowedTypeError` (a ``CorruptItemError``)
 naming the type and the argument that allows it.
 
@@ -34,6 +47,9 @@ checkpointers.errors.DisallowedTypeError: stored item '<value>' names type os.sy
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -88,21 +104,62 @@ def _normalize(allowed: AllowedTypes | None) -> frozenset[tuple[str, str]]:
     return frozenset(out)
 
 
+def _lookup(module: str, qualname: str) -> object | None:
+    """The object ``module:qualname`` names if the module is already imported; never imports."""
+    obj: object | None = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None:
+            return None
+        try:
+            obj = vars(obj).get(part)  # no __getattr__: a lazy module attribute could import
+        except TypeError:
+            return None
+    return obj
+
+
+def _is_data_class(module: str, qualname: str) -> bool:
+    """A pydantic model, dataclass, enum or named tuple of an already-imported module."""
+    cls = _lookup(module, qualname)
+    if not isinstance(cls, type):
+        return False
+    if dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum):
+        return True
+    if issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple):
+        return True
+    for base in ("pydantic.main", "pydantic.v1.main", "pydantic.v1"):
+        model = vars(sys.modules[base]).get("BaseModel") if base in sys.modules else None
+        if isinstance(model, type) and issubclass(cls, model):
+            return True
+    return False
+
+
+def _rebuilder(allowed: set[tuple[str, ...]]) -> Callable[[int, bytes], Any]:
+    """LangGraph's strict ext hook over ``allowed`` (a set we may add to later)."""
+    make = getattr(_jsonplus, "_create_msgpack_ext_hook", None)
+    if make is not None:
+        return make(allowed)  # type: ignore[no-any-return]
+    serde = JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=tuple(allowed) or None)
+    return serde._unpack_ext_hook
+
+
 class SafeSerializer(JsonPlusSerializer):
     """``JsonPlusSerializer`` (no pickle) whose decoding never imports a type outside an allowlist.
 
     Args:
         allowed_msgpack_modules: extra types decoding may rebuild, as classes
             or ``(module, name)`` pairs (``("my_app.models", "MyState")``).
+        strict: rebuild only LangGraph's safe types and ``allowed_msgpack_modules``,
+            not the data classes of already-imported modules.
     """
 
-    def __init__(self, allowed_msgpack_modules: AllowedTypes | None = None) -> None:
+    def __init__(self, allowed_msgpack_modules: AllowedTypes | None = None, *, strict: bool = False) -> None:
         allowed = _normalize(allowed_msgpack_modules)
         self.allowed_types = allowed
-        # LangGraph's own strict hook does the rebuilding once a type passed our check.
-        rebuild = JsonPlusSerializer(
-            pickle_fallback=False, allowed_msgpack_modules=tuple(allowed) or None
-        )._unpack_ext_hook
+        self.strict = strict
+        # LangGraph's own strict hook does the rebuilding once a type passed our
+        # check; data classes found later are added to its (our) set.
+        self._rebuild_allowed: set[tuple[str, ...]] = {("checkpointers._serde", "<none>"), *allowed}
+        rebuild = _rebuilder(self._rebuild_allowed)
         self._blocked = threading.local()
         super().__init__(pickle_fallback=False, __unpack_ext_hook__=self._hook_for(allowed, rebuild))
 
@@ -112,6 +169,8 @@ class SafeSerializer(JsonPlusSerializer):
         safe_types = _lg_msgpack.SAFE_MSGPACK_TYPES
         safe_methods = _lg_msgpack.SAFE_MSGPACK_METHODS
         blocked = self._blocked
+        rebuild_allowed = self._rebuild_allowed
+        strict = self.strict
 
         def hook(code: int, data: bytes) -> Any:
             if code in _TYPE_EXTS or code == _METHOD_EXT:
@@ -121,7 +180,10 @@ class SafeSerializer(JsonPlusSerializer):
                 if code == _METHOD_EXT:
                     ok = (module, name, str(tup[3])) in safe_methods
                 else:
-                    ok = (module, name) in safe_types or (module, name) in allowed
+                    ok = (module, name) in safe_types or (module, name) in rebuild_allowed
+                    if not ok and not strict and _is_data_class(module, name):
+                        rebuild_allowed.add((module, name))
+                        ok = True
                 if not ok:
                     blocked.type = (module, name)
                     raise ValueError("type not in the allowlist")
@@ -140,7 +202,7 @@ class SafeSerializer(JsonPlusSerializer):
         """A copy that also allows ``extra_allowlist`` (LangGraph calls this for graph state types)."""
         extra = [e for e in extra_allowlist if isinstance(e, type) or len(e) == 2]
         merged = self.allowed_types | _normalize(extra)  # type: ignore[arg-type]
-        return self if merged == self.allowed_types else SafeSerializer(merged)
+        return self if merged == self.allowed_types else SafeSerializer(merged, strict=self.strict)
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         """Decode one frame; a type outside the allowlist raises :class:`DisallowedTypeError`."""

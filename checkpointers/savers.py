@@ -82,6 +82,7 @@ _SAVER_OPTIONS = (
     "serde",
     "max_item_bytes",
     "allowed_msgpack_modules",
+    "strict_decoding",
     "integrity_key",
     "accept_unsealed",
     "strict_writes",
@@ -97,16 +98,15 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return saver, {k: v for k, v in options.items() if k not in _SAVER_OPTIONS}
 
 
-def default_serde(allowed_msgpack_modules: AllowedTypes | None = None) -> SerializerProtocol:
+def default_serde(allowed_msgpack_modules: AllowedTypes | None = None, *, strict: bool = False) -> SerializerProtocol:
     """LangGraph's msgpack format, no pickle; decoding rebuilds an allowlist of types only.
 
-    See :class:`checkpointers._serde.SafeSerializer`: LangGraph's safe types
-    plus ``allowed_msgpack_modules``; a type outside them is never imported
-    (:class:`~checkpointers.errors.DisallowedTypeError`). Graphs compiled
-    with the saver add their state schema's own types (LangGraph calls
-    ``with_allowlist``).
+    See :class:`checkpointers._serde.SafeSerializer`: LangGraph's safe types,
+    ``allowed_msgpack_modules`` and (unless ``strict``) the pydantic models,
+    dataclasses, enums and named tuples of modules already imported; anything
+    else is never imported or called (:class:`~checkpointers.errors.DisallowedTypeError`).
     """
-    return SafeSerializer(allowed_msgpack_modules)
+    return SafeSerializer(allowed_msgpack_modules, strict=strict)
 
 
 def _thread_key(thread_id: object) -> str:
@@ -145,6 +145,10 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
             serializer of your own is trusted as it is.
         allowed_msgpack_modules: types (classes or ``(module, name)`` pairs)
             the default serializer may rebuild besides LangGraph's safe ones.
+        strict_decoding: the default serializer rebuilds only LangGraph's safe
+            types and ``allowed_msgpack_modules``, not also the data classes
+            (pydantic models, dataclasses, enums, named tuples) of modules the
+            process has imported.
         max_item_bytes: cap on each stored record (a checkpoint without its
             channel values, one channel value, one write); over it raises
             ``ItemTooLargeError`` before anything is written.
@@ -175,16 +179,18 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         allowed_msgpack_modules: AllowedTypes | None = None,
+        strict_decoding: bool = False,
         integrity_key: IntegrityKeys = None,
         accept_unsealed: bool | None = None,
         strict_writes: bool = False,
         on_write_mismatch: Callable[[WriteMismatch], None] | None = None,
     ) -> None:
-        if serde is not None and allowed_msgpack_modules is not None:
+        if serde is not None and (allowed_msgpack_modules is not None or strict_decoding):
             raise InvalidArgumentError(
-                "allowed_msgpack_modules", "applies to the default serializer; configure your serde= instead"
+                "allowed_msgpack_modules",
+                "it and strict_decoding apply to the default serializer; configure your serde= instead",
             )
-        super().__init__(serde=serde or default_serde(allowed_msgpack_modules))
+        super().__init__(serde=serde or default_serde(allowed_msgpack_modules, strict=strict_decoding))
         if isinstance(max_item_bytes, bool) or not isinstance(max_item_bytes, int) or max_item_bytes <= 0:
             raise InvalidArgumentError("max_item_bytes", f"must be a positive int, got {max_item_bytes!r}")
         self.backend = backend
@@ -203,7 +209,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         """Open the backend ``url`` names (``memory://``, ``sqlite:///x.db``, ``redis://``, ``s3://``).
 
         The saver's own keywords (``user``, ``require_user``, ``serde``,
-        ``max_item_bytes``, ``allowed_msgpack_modules``, ``integrity_key``,
+        ``max_item_bytes``, ``allowed_msgpack_modules``, ``strict_decoding``, ``integrity_key``,
         ``accept_unsealed``, ``strict_writes``, ``on_write_mismatch``) go to
         the saver, the others to the backend.
         """

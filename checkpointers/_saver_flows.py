@@ -189,6 +189,8 @@ def tag_value(value: object) -> str | None:
     if isinstance(value, bool):
         out = str(int(value))
     elif isinstance(value, int):
+        if value.bit_length() > 1024:  # str() of a huge int is slow or refused: not a tag
+            return None
         out = str(int(value))
     elif isinstance(value, float):
         if math.isnan(value):
@@ -841,6 +843,142 @@ class SaverFlows:
             )
         return out
 
+    # -- list: bounded walks (pure planning, then list_flow) -------------------------
+
+    @staticmethod
+    def _list_starts(
+        ns: str | None, flt: Mapping[str, Any], before: str | None, limit: int | None
+    ) -> list[tuple[ListQuery, bool, str | None]]:
+        """Each walk over one thread: its query without stop and limit, whether it is *sifted*, its first stop.
+
+        One walk per query of :func:`_filter_queries` (the records carrying
+        the pushed-down tags, and the ``~overflow`` records): over every
+        namespace (``c/``, depth 1) when ``ns`` is None, else over
+        ``c/<ns>/``, from ``before`` down. A sifted walk selects records that
+        the post-filter may drop (overflow records, or a filter that is not
+        all tags): its limit grows while it reads on inside one namespace
+        (see :meth:`_list_next`), and it lists children (a pick's writes) only
+        when :meth:`_hydrate` would otherwise list a whole namespace's writes.
+        """
+        if ns is None:
+            prefix, depth, stop = _CKPT, _CKPT_DEPTH, None
+        else:
+            prefix, depth = ckpt_prefix(ns), 0
+            stop = ckpt_name(ns, before) if before else None
+        out: list[tuple[ListQuery, bool, str | None]] = []
+        for i, q in enumerate(_filter_queries(prefix, flt, depth=depth, descending=True, stop=None, limit=limit)):
+            sifted = i > 0 or q.limit is None
+            children = limit is not None and (not sifted or limit > _PER_CHECKPOINT_LISTINGS)
+            walk = ListQuery(prefix=prefix, descending=True, tags=q.tags, depth=depth, children=children)
+            out.append((walk, sifted, stop))
+        return out
+
+    @staticmethod
+    def _list_query(walk: ListQuery, stop: str | None, limit: int | None) -> ListQuery:
+        """The listing of ``walk``'s records below ``stop``, at most ``limit``.
+
+        With a stop, the walk's prefix becomes ``start`` (and ``depth``
+        counts from the name's start): the same records, as a stop is always
+        a name under the prefix and so is everything from the prefix up to
+        it, but one upper bound instead of two. SQLite's planner ends its index range at the first ``name <`` term of
+        a query (the prefix's), so ``prefix + stop`` would scan every name
+        between ``stop`` and the prefix's end (measured: 2.4 ms against
+        0.005 ms for "nothing below the root namespace" at 5,000 checkpoints).
+        """
+        if stop is None:
+            return ListQuery(
+                prefix=walk.prefix,
+                descending=True,
+                tags=walk.tags,
+                limit=limit,
+                values=walk.values,
+                depth=walk.depth,
+                children=walk.children,
+            )
+        assert walk.depth is not None
+        return ListQuery(
+            descending=True,
+            tags=walk.tags,
+            start=walk.prefix,
+            stop=stop,
+            limit=limit,
+            values=walk.values,
+            depth=walk.prefix.count("/") + walk.depth,
+            children=walk.children,
+        )
+
+    @staticmethod
+    def _list_next(
+        walk: ListQuery,
+        asked: int | None,
+        limit: int | None,
+        sifted: bool,
+        picks: int,
+        last: tuple[str, str] | None,
+        floor: str | None,
+        before: str | None,
+    ) -> tuple[str, int | None] | None:
+        """The next ``(stop, limit)`` of a walk over ``walk.prefix``, or None when it is over.
+
+        The listing asked for ``asked`` and selected ``picks`` checkpoint
+        records, the last (lowest name) being ``last`` = (name, checkpoint
+        id); ``floor`` is the ``limit``-th highest id among the checkpoints
+        kept so far (None while fewer). A listing that selected fewer than it
+        asked for held every record below its stop: the walk is over.
+        Otherwise, with ``X`` the last record's namespace and ``c/<X>/`` its
+        *head*, the next listing stops (exclusive) at:
+
+        * ``c/<X>/`` when the last id is ``<= floor``: X's other records
+          are below the last one, so their ids are lower (name order is id
+          order), under ``floor``: ``limit`` kept checkpoints are newer;
+        * else ``c/<X>/<before>`` when that is lower than the last name: X's
+          records in between are not older than ``before``;
+        * else the last name.
+
+        The jump to the head skips X's records only: every name of X starts
+        with ``c/<X>/``, so is ``>=`` it, and a name below the last one that
+        is ``>= c/<X>/`` starts with it too (it lies between a string and
+        one of its extensions). Names of other namespaces are never
+        skipped, and never a prefix of one another: an encoded namespace has
+        no ``/``, so ``c/<W>/`` starts ``c/<X>/`` only if W is X
+        (namespaces ``a:b``, ``a-b``, ``a``: ``c/_a%3Ab/`` < ``c/_a-b/`` <
+        ``c/_a/``, as ``%`` < ``-`` < ``/``, three separate blocks). The
+        stop always falls (it is at most the last name), so a walk ends.
+        """
+        if asked is None or last is None or picks < asked:
+            return None
+        name, cid = last
+        head = name[: name.index("/", len(_CKPT)) + 1]
+        stop = name
+        if before:
+            stop = min(stop, head + enc(before))
+        if floor is not None and cid <= floor:
+            stop = head
+        if stop <= walk.prefix:  # a walk over one namespace: nothing of it is left
+            return None
+        grow = sifted and stop == name  # still inside X, where the post-filter kept too little
+        return stop, 2 * asked if grow else limit
+
+    @staticmethod
+    def _list_floor(cids: Iterable[str], limit: int | None) -> str | None:
+        """The ``limit``-th highest of ``cids``: None without a limit or while there are fewer."""
+        if limit is None:
+            return None
+        ranked = sorted(cids, reverse=True)
+        return ranked[limit - 1] if len(ranked) >= limit else None
+
+    @staticmethod
+    def _list_newest(found: Mapping[tuple[int, str], Stored], limit: int | None) -> list[tuple[int, Stored]]:
+        """The first ``limit`` of ``found`` ((thread index, record name) -> checkpoint), newest first.
+
+        Highest checkpoint id first; equal ids (one id in two namespaces or
+        threads) in thread order, then in descending name order.
+        """
+        keys = sorted(found, key=lambda k: k[1], reverse=True)
+        keys.sort(key=lambda k: k[0])
+        keys.sort(key=lambda k: found[k].cid, reverse=True)
+        return [(k[0], found[k]) for k in keys[:limit]]
+
     def list_flow(
         self,
         parts: Sequence[Partition] | None,
@@ -851,66 +989,130 @@ class SaverFlows:
         before: str | None,
         limit: int | None,
     ) -> Flow[list[Found]]:
-        """Checkpoints newest first; ``parts=None`` means every thread of ``user``."""
+        """Checkpoints newest first (highest id, across namespaces); ``parts=None``: every thread of ``user``.
+
+        Keeps exactly what a read of every checkpoint would: those of
+        namespace ``ns`` (every namespace when None), with id ``cid`` if
+        given, older than ``before``, matching ``flt``; then the first ``limit``.
+
+        **With a limit, reads do not grow with history.** Name order groups
+        checkpoints by namespace, so each thread is *walked*: listings down
+        the name order from the highest name, ``limit`` checkpoints (and their
+        writes) each, one walk per tag query of :func:`_filter_queries`, every
+        walk of every thread in one :class:`Parallel` per step. The
+        checkpoints kept so far give a *floor* (the ``limit``-th highest id);
+        once a namespace's last listed checkpoint is at or under it, the walk
+        jumps past the rest of that namespace, which is older (see
+        :meth:`_list_next` for the arithmetic). Per namespace a walk reads
+        fewer than ``2 * limit`` checkpoints (plus up to ``limit`` not older
+        than ``before``), and a listing of ``limit`` covers several small
+        namespaces, so the cost grows with the number of namespaces and
+        threads, never with one namespace's history: a thread with only the
+        root namespace costs two listings (the second finds nothing below
+        it), one with ``checkpoint_ns`` given costs one.
+
+        Subgraphs are the catch: LangGraph makes one namespace per subgraph
+        *call* (``node:<task id>``, in no time order), and every namespace is
+        looked at. A thread that called a subgraph N times, ``k``
+        checkpoints a call, costs about ``k * N`` records (at most ``2 *
+        limit`` a call) in ``k * N / limit`` listings: that still grows with
+        such a thread's history. The layout has no cheaper exact answer: no
+        index orders checkpoints by id across namespaces.
+
+        A filter that is not all tags, and the ``~overflow`` records, are
+        checked after reading: such a walk reads on, doubling its listing
+        inside a namespace, until it has kept enough; as exact as the rest.
+
+        With ``cid`` and no namespace: one listing of one name per namespace
+        (``values=False``), then one get of ``c/<ns>/<cid>`` in each.
+        Without a limit, one listing per tag query reads everything, as the
+        result holds everything.
+
+        Name order is id order within a namespace because LangGraph's ids are
+        uuid6 strings, which :func:`~checkpointers._names.encode_component`
+        keeps as they are (as ``get_flow`` and ``before`` rely on too).
+        """
         flt = dict(flt or {})
         if limit is not None and limit <= 0:
             return []
         if parts is None:
             names = yield PartitionsOp(user, SPACE)
             parts = [Partition(user, SPACE, n) for n in names]
-        single = len(parts) == 1 and ns is not None and not cid
-        picked: list[tuple[Partition, Stored]] = []
-        known: dict[str, list[Record]] = {}  # writes that came with their checkpoint (one thread)
-        for p in parts:
-            if cid and ns is not None:
-                (rec,) = yield GetOp(p, [ckpt_name(ns, cid)])
-                if rec is not None:
-                    s = self._stored(p, rec)
-                    if (not before or s.cid < before) and matches(s.metadata, flt):
-                        picked.append((p, s))
-                continue
-            if single:
-                assert ns is not None
-                prefix = ckpt_prefix(ns)
-                stop = ckpt_name(ns, before) if before else None
-                queries = _filter_queries(
-                    prefix, flt, depth=0, descending=True, stop=stop, limit=limit, children=True
-                )
-            elif ns is not None:
-                queries = _filter_queries(ckpt_prefix(ns), flt, depth=0, descending=True, stop=None, limit=None)
-            else:
-                queries = _filter_queries(_CKPT, flt, depth=_CKPT_DEPTH, descending=True, stop=None, limit=None)
-            seen: dict[str, Record] = {}
-            for q, recs in zip(queries, (yield Parallel(tuple(ListOp(p, q) for q in queries)))):
-                kids = _children_by_pick(recs, q)
-                known.update(kids)
-                for rec in recs:
-                    if q.at_depth(rec.name):
-                        seen.setdefault(rec.name, rec)
-            for rec in seen.values():
-                s = self._stored(p, rec)
-                if ns is not None and s.ns != ns:
-                    continue
-                if cid and s.cid != cid:
-                    continue
-                if before and not s.cid < before:
-                    continue
-                if matches(s.metadata, flt):
-                    picked.append((p, s))
-        picked.sort(key=lambda ps: ps[1].cid, reverse=True)
-        if limit is not None:
-            picked = picked[:limit]
-        out: list[Found] = []
-        groups: dict[str, tuple[Partition, list[Stored]]] = {}
-        for p, s in picked:
-            groups.setdefault(p.key, (p, []))[1].append(s)
-        loaded: dict[tuple[str, str], Found] = {}
-        for p, group in groups.values():
-            for f in (yield from self._hydrate(p, group, known if single else None)):
-                loaded[(p.key, f.cid + "\x00" + f.ns)] = f
-        for p, s in picked:
-            out.append(loaded[(p.key, s.cid + "\x00" + s.ns)])
-        return out
+        found: dict[tuple[int, str], Stored] = {}  # (thread index, record name) -> a checkpoint that passed
+        known: dict[int, dict[str, list[Record]]] = {}  # writes listed with their checkpoint, per thread
+
+        def keep(s: Stored) -> bool:
+            return (
+                (ns is None or s.ns == ns)
+                and (not cid or s.cid == cid)
+                and (not before or s.cid < before)
+                and matches(s.metadata, flt)
+            )
+
+        if cid:
+            heads: dict[int, list[str]] = {i: [] if ns is None else [ckpt_prefix(ns)] for i in range(len(parts))}
+            names_only = ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH, values=False)
+            probes: list[tuple[int, str | None]] = [(i, None) for i in range(len(parts))] if ns is None else []
+            while probes:  # one namespace per step and thread: the highest one below the last
+                queries = [self._list_query(names_only, stop, 1) for _, stop in probes]
+                got = yield Parallel(tuple(ListOp(parts[i], q) for (i, _), q in zip(probes, queries)))
+                nxt: list[tuple[int, str | None]] = []
+                for (i, _), recs in zip(probes, got):
+                    if recs:
+                        head = recs[0].name[: recs[0].name.index("/", len(_CKPT)) + 1]
+                        heads[i].append(head)
+                        nxt.append((i, head))
+                probes = nxt
+            wanted = [(i, [h + enc(cid) for h in hs]) for i, hs in heads.items() if hs]
+            got = (yield Parallel(tuple(GetOp(parts[i], names) for i, names in wanted))) if wanted else ()
+            for (i, names), recs in zip(wanted, got):
+                for name, rec in zip(names, recs):
+                    if rec is not None:
+                        s = self._stored(parts[i], rec)
+                        if keep(s):
+                            found[(i, name)] = s
+        else:
+            walks: list[tuple[int, ListQuery, bool, str | None, int | None]] = [
+                (i, walk, sifted, stop, limit)
+                for i in range(len(parts))
+                for walk, sifted, stop in self._list_starts(ns, flt, before, limit)
+            ]
+            while walks:
+                queries = [self._list_query(walk, stop, asked) for _, walk, _, stop, asked in walks]
+                results = yield Parallel(tuple(ListOp(parts[w[0]], q) for w, q in zip(walks, queries)))
+                steps: list[tuple[int, ListQuery, bool, int | None, int, tuple[str, str] | None]] = []
+                for (i, walk, sifted, _, asked), q, recs in zip(walks, queries, results):
+                    kids = _children_by_pick(recs, q)
+                    picks, last = 0, None
+                    for rec in recs:
+                        if not q.at_depth(rec.name):
+                            continue
+                        picks += 1
+                        s = self._stored(parts[i], rec)
+                        last = (rec.name, s.cid)
+                        if (i, rec.name) not in found and keep(s):
+                            found[(i, rec.name)] = s
+                        if rec.name in kids:
+                            known.setdefault(i, {})[rec.name] = kids[rec.name]
+                    steps.append((i, walk, sifted, asked, picks, last))
+                floor = self._list_floor((s.cid for s in found.values()), limit)
+                walks = []
+                for i, walk, sifted, asked, picks, last in steps:
+                    follow = self._list_next(walk, asked, limit, sifted, picks, last, floor, before)
+                    if follow is not None:
+                        walks.append((i, walk, sifted, follow[0], follow[1]))
+        picked = self._list_newest(found, limit)
+        groups: dict[int, list[Stored]] = {}
+        for i, s in picked:
+            groups.setdefault(i, []).append(s)
+        loaded: dict[tuple[int, str], Found] = {}
+        for i, group in groups.items():
+            mine = known.get(i, {})
+            listed = {s.name: mine[s.name] for s in group if s.name in mine}
+            hydrated = yield from self._hydrate(parts[i], group, listed)
+            for s, f in zip(group, hydrated):
+                loaded[(i, s.name)] = f
+        return [loaded[(i, s.name)] for i, s in picked]
 
     # -- thread management ------------------------------------------------------
 

@@ -1,10 +1,15 @@
 """Services the benchmarks talk to, on loopback only, and the request counters.
 
 * :class:`RedisService` — ``REDIS_URL`` when set, else a throwaway
-  ``redis-server`` on a free loopback port (no persistence, removed at exit).
-* :class:`S3Service` — moto's ``ThreadedMotoServer`` on a free loopback port,
-  in a child process, with a WSGI middleware that counts every HTTP request
-  it serves (read back through ``/_bench/requests``).
+  ``redis-server`` (:class:`RedisServer`) on a free loopback port (no
+  persistence, removed at exit).
+* :class:`S3Service` — moto's ``ThreadedMotoServer`` (:class:`MotoServer`) on
+  a free loopback port, in a child process, with a WSGI middleware that counts
+  every HTTP request it serves (read back through ``/_bench/requests``).
+* :func:`free_port`, :class:`RedisServer`, :class:`MotoServer` — the
+  launchers, also the tests' (``tests/plugins`` imports them from here:
+  the tests already import the benchmarks, while the benchmarks run without
+  pytest or ``tests/``). Standard library only at import time.
 * :data:`REDIS_TRIPS` / :data:`S3_REQUESTS` — counters the workloads reset
   and read around one operation. Redis round trips are counted client-side:
   our backend's by its own ``round_trips`` counter, every other client's by
@@ -35,12 +40,16 @@ import urllib.request
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 __all__ = [
     "REDIS_TRIPS",
     "S3_REQUESTS",
+    "MotoServer",
+    "RedisServer",
     "RedisService",
     "RemoteCounter",
     "RequestCounter",
@@ -105,11 +114,22 @@ class RedisRoundTrips(RequestCounter):
 REDIS_TRIPS = RedisRoundTrips()
 
 
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(with_bus: bool = False) -> int:
+    """A TCP port nobody listens on at 127.0.0.1 right now (``with_bus``: port + 10000 too, for a cluster node)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not with_bus:
+            return port
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free loopback port found")
 
 
 #: The operations of our RedisBackend, whose round trips it counts itself.
@@ -216,6 +236,93 @@ class _OurRoundTrips:
         return out
 
 
+#: How long :meth:`RedisServer.start` waits for ``PING`` to be answered.
+_START_TIMEOUT = 15.0
+
+
+@dataclass
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1, persistence off, logging to ``directory``.
+
+    ``args`` are appended to the command line (a later option wins, so
+    ``["--appendonly", "yes"]`` turns the append-only file on). ``start``
+    waits until the server answers ``PING``; calling it again after
+    :meth:`kill` or :meth:`stop` restarts it on the same port and directory.
+    """
+
+    directory: Path
+    port: int
+    args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        command = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--logfile", str(self.directory / "redis.log"),
+            *self.args,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server on port {self.port} exited: {log}")
+            if self.ping():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
+            time.sleep(0.05)
+
+    def ping(self) -> bool:
+        """Whether the server answers ``PING`` (not while it is still loading its data)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def cli(self, *args: str) -> str:
+        """``redis-cli`` on this server; its output."""
+        out = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+        return out.stdout.decode(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final save."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
 class RedisService:
     """A Redis server for the benchmarks; :meth:`fresh` hands out empty key spaces.
 
@@ -226,7 +333,7 @@ class RedisService:
     """
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._server: RedisServer | None = None
         self._dir: str | None = None
         self._next_db = 0
         self.databases = 256
@@ -235,37 +342,24 @@ class RedisService:
             self.base_url = env_url
             self.shared = True
         else:
-            binary = shutil.which("redis-server")
-            if binary is None:
+            if shutil.which("redis-server") is None:
                 raise Unavailable("no redis-server binary and no REDIS_URL")
             self._dir = tempfile.mkdtemp(prefix="bench-redis-")
-            port = free_port()
-            self._proc = subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self._dir, "--databases", str(self.databases)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            self.base_url = f"redis://127.0.0.1:{port}/0"
+            server = RedisServer(Path(self._dir), free_port(), ["--databases", str(self.databases)])
+            try:
+                self._server = server.start()
+            except RuntimeError as exc:
+                server.stop()
+                self.close()
+                raise Unavailable(f"redis-server did not start: {exc}") from exc
+            self.base_url = self._server.url
             self.shared = False
-            self._wait_ready()
         self.modules = self._modules()
 
     def _client(self, url: str | None = None) -> Any:
         import redis
 
         return redis.Redis.from_url(url or self.base_url)
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self._client().ping()
-                return
-            except Exception as exc:  # the server is still starting
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"redis-server did not start: {exc}") from exc
-                time.sleep(0.05)
 
     def _modules(self) -> set[str]:
         try:
@@ -306,13 +400,9 @@ class RedisService:
         return total
 
     def close(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-            self._proc = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -350,10 +440,35 @@ class _CountingApp:
         return self.app(environ, start_response)
 
 
-def _serve_moto(port: int, ready: Any) -> None:
-    """Child process: moto's ThreadedMotoServer on 127.0.0.1:port, counting requests."""
-    import logging
+class MotoServer:
+    """moto's ``ThreadedMotoServer`` (S3 over real HTTP) on a loopback port, in this process.
 
+    ``port`` defaults to a free one. ``wrap`` wraps moto's WSGI app, as the
+    benchmarks' request counter does (:class:`_CountingApp`).
+    """
+
+    def __init__(self, port: int | None = None, wrap: Callable[[Any], Any] | None = None) -> None:
+        self.port = free_port() if port is None else port
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self._wrap = wrap
+        self._server: Any = None
+
+    def start(self) -> MotoServer:
+        from moto.server import ThreadedMotoServer
+
+        kind = ThreadedMotoServer if self._wrap is None else _wrapping_moto_server(self._wrap)
+        self._server = kind(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def _wrapping_moto_server(wrap: Callable[[Any], Any]) -> Any:
+    """A ``ThreadedMotoServer`` whose WSGI app is ``wrap(moto's app)``."""
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -362,21 +477,24 @@ def _serve_moto(port: int, ready: Any) -> None:
     )
     from werkzeug.serving import make_server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    class CountingMotoServer(ThreadedMotoServer):
-        """ThreadedMotoServer whose WSGI app counts requests."""
-
+    class WrappingMotoServer(ThreadedMotoServer):  # type: ignore[misc]
         def _server_entry(self) -> None:
-            app = _CountingApp(DomainDispatcherApplication(create_backend_app))
+            app = wrap(DomainDispatcherApplication(create_backend_app))
             self._server = make_server(
                 self._ip_address, self._port, app, True, request_handler=MotoRequestHandler
             )
             self._server_ready_event.set()
             self._server.serve_forever()
 
-    server = CountingMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    return WrappingMotoServer
+
+
+def _serve_moto(port: int, ready: Any) -> None:
+    """Child process: moto's ThreadedMotoServer on 127.0.0.1:port, counting requests."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    MotoServer(port, wrap=_CountingApp).start()
     ready.set()
     threading.Event().wait()
 

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+
+# The launchers, shared with the benchmarks (re-exported: tests import them from here).
+from benchmarks.services import RedisServer as RedisServer
+from benchmarks.services import free_port as free_port
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 _START_TIMEOUT = 15.0
@@ -41,95 +42,6 @@ def unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"Redis is required under CI=true: {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def free_port(with_bus: bool = False) -> int:
-    """A loopback port nobody listens on (and, for a cluster node, port + 10000 too)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not with_bus:
-            return port
-        if port + 10000 < 65536:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free loopback port found")
-
-
-@dataclass
-class RedisServer:
-    """One ``redis-server`` process we started; ``restart`` reuses port and directory."""
-
-    directory: Path
-    port: int
-    args: list[str] = field(default_factory=list)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        command = [
-            "redis-server",
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--logfile", str(self.directory / "redis.log"),
-            *self.args,
-        ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.wait_ready()
-        return self
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT
-        while True:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server on port {self.port} exited: {log}")
-            try:
-                reply = self.cli("PING")
-            except (OSError, subprocess.SubprocessError):
-                reply = ""
-            if reply.strip() == "PONG":
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
-            time.sleep(0.05)
-
-    def cli(self, *args: str) -> str:
-        out = subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-        return out.stdout.decode(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final save."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def have_binaries() -> bool:

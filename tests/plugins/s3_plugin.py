@@ -1,7 +1,8 @@
 """S3 backend fixtures: moto in-process, moto over HTTP, or a real endpoint.
 
 * ``s3_backend``: moto's in-process mock (``moto.mock_aws``).
-* ``s3_http_backend``: moto's ``ThreadedMotoServer`` on a free loopback port,
+* ``s3_http_backend``: moto's ``ThreadedMotoServer`` on a free loopback port
+  (:class:`benchmarks.services.MotoServer`, the benchmarks' launcher too),
   reached by boto3 through ``endpoint_url`` (real HTTP, real sockets).
 
 When ``S3_ENDPOINT_URL`` is set (with ``AWS_ACCESS_KEY_ID``,
@@ -14,7 +15,6 @@ own random key prefix, so runs never see each other's objects.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -24,12 +24,6 @@ import pytest
 
 REGION = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
 REAL_ENDPOINT = os.environ.get("S3_ENDPOINT_URL")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -131,13 +125,13 @@ def moto_server_url() -> Iterator[str]:
     if REAL_ENDPOINT:
         yield REAL_ENDPOINT
         return
-    from moto.server import ThreadedMotoServer
+    # Imported here: the LangGraph suite loads this file by path, where only
+    # ``_make_moto_conditional_writes_atomic`` is used and ``benchmarks`` need not be importable.
+    from benchmarks.services import MotoServer
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = MotoServer().start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.endpoint_url
     finally:
         server.stop()
 

@@ -29,7 +29,7 @@ import json
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._names import Partition, decode_component, encode_component
@@ -70,6 +70,7 @@ _SEQ_DIGITS = 16
 #: How many partitions a backend remembers having filled (then it starts over).
 _FILLED_MAX = 10_000
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
+T = TypeVar("T")
 
 
 def _lua(*names: str) -> Script:
@@ -362,6 +363,21 @@ def _applied_before(
 # --------------------------------------------------------------------------
 
 
+class _OnLink(Generic[T]):
+    """An attribute of the backend kept on its :class:`~._redis_transport.Link`, read and set there."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, backend: RedisBackend | None, owner: type | None = None) -> T:
+        if backend is None:  # the class's attribute: this descriptor
+            return self  # type: ignore[return-value]
+        return getattr(backend._link, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, backend: RedisBackend, value: T) -> None:
+        setattr(backend._link, self.name, value)
+
+
 class RedisBackend(Backend):
     """Partitions in plain Redis / Valkey 7+ (no modules), standalone or Cluster.
 
@@ -394,6 +410,13 @@ class RedisBackend(Backend):
     """
 
     kind = "redis"
+    #: Network round trips so far (a pipeline or script counts once, failed attempts too).
+    round_trips = _OnLink[int]()
+    #: Attempts that failed with a transient error and were retried.
+    retries = _OnLink[int]()
+    retry_attempts = _OnLink[int]()
+    retry_backoff = _OnLink[float]()
+    retry_backoff_max = _OnLink[float]()
 
     def __init__(
         self,
@@ -437,16 +460,6 @@ class RedisBackend(Backend):
         )  # fmt: skip
         #: Partition keys this backend saw holding records (see _write_op).
         self._filled: dict[str, None] = {}
-
-    @property
-    def round_trips(self) -> int:
-        """Network round trips so far (a pipeline or script counts once, failed attempts too)."""
-        return self._link.round_trips
-
-    @property
-    def retries(self) -> int:
-        """Attempts that failed with a transient error and were retried."""
-        return self._link.retries
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:

@@ -434,9 +434,12 @@ def raw_ops(
             yield Op("list", "list", (base,), {"limit": 10})
 
 
-def drive(saver: Any, flow: Flow, clock: dict[str, list[float]] | None = None,
+def time_saver_calls(saver: Any, flow: Flow, clock: dict[str, list[float]] | None = None,
           budget: float = float("inf")) -> None:
-    """Run ``flow`` with the saver's sync methods, timing each op into ``clock``.
+    """Call the saver methods a workload script yields (sync), timing each call into ``clock``.
+
+    Not a backend flow driver (that is ``checkpointers._flows.run``): a workload
+    script yields saver calls, not backend operations.
 
     Stops at the end of the flow, or at the next ``put`` once ``budget`` s are spent.
     """
@@ -455,9 +458,9 @@ def drive(saver: Any, flow: Flow, clock: dict[str, list[float]] | None = None,
         pass
 
 
-async def adrive(saver: Any, flow: Flow, clock: dict[str, list[float]] | None = None,
+async def atime_saver_calls(saver: Any, flow: Flow, clock: dict[str, list[float]] | None = None,
                  budget: float = float("inf")) -> None:
-    """Run ``flow`` with the saver's async (``a``-prefixed) methods (see :func:`drive`)."""
+    """Run ``flow`` with the saver's async (``a``-prefixed) methods (see :func:`time_saver_calls`)."""
     start = time.perf_counter()
     try:
         op = next(flow)
@@ -480,12 +483,12 @@ def run_flow(s: Session, make_flow: Callable[[Any], Flow],
 
     def work(saver: Any) -> dict[str, list[float]]:
         clock: dict[str, list[float]] = {}
-        drive(saver, make_flow(saver), clock, budget)
+        time_saver_calls(saver, make_flow(saver), clock, budget)
         return clock
 
     async def awork(saver: Any) -> dict[str, list[float]]:
         clock: dict[str, list[float]] = {}
-        await adrive(saver, make_flow(saver), clock, budget)
+        await atime_saver_calls(saver, make_flow(saver), clock, budget)
         return clock
 
     return s.call(work, awork)

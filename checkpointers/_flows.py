@@ -53,23 +53,43 @@ Flow = Generator[Op, Any, T]
 
 
 def run(flow: Flow[T], backend: Backend) -> T:
-    """Drive ``flow`` with the backend's sync methods and return its result."""
+    """Drive ``flow`` with the backend's sync methods and return its result.
+
+    A backend error is thrown into the flow at its ``yield`` (as httpx drives
+    its auth flows), so the flow's frame is in the traceback and a flow may
+    catch it and go on; the flow is closed when the driver leaves, however
+    it leaves.
+    """
     try:
         op = next(flow)
         while True:
-            op = flow.send(op.call(backend))
+            try:
+                result = op.call(backend)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
+                op = flow.throw(exc)
+                continue
+            op = flow.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
 
 
 async def arun(flow: Flow[T], backend: Backend) -> T:
-    """Drive ``flow`` with the backend's async methods and return its result."""
+    """Drive ``flow`` with the backend's async methods; see :func:`run`."""
     try:
         op = next(flow)
         while True:
-            op = flow.send(await op.acall(backend))
+            try:
+                result = await op.acall(backend)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
+                op = flow.throw(exc)
+                continue
+            op = flow.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
 
 
 def digest(data: bytes) -> str:

@@ -72,3 +72,42 @@ def test_no_flow_is_called_without_yield_from(package: str) -> None:
     for path in sorted((ROOT / package).rglob("*.py")):
         problems += unawaited_flow_calls(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     assert problems == []
+
+
+def test_the_drivers_throw_backend_errors_into_the_flow_and_close_it() -> None:
+    """run/arun raise a backend error at the flow's yield (its frame is in the traceback) and close it."""
+    import asyncio
+    import traceback
+
+    from checkpointers._flows import arun, run
+    from checkpointers._names import Partition
+    from checkpointers.backends.memory import MemoryBackend
+    from checkpointers.backends.ops import GetOp
+    from checkpointers.errors import BackendUnavailableError
+
+    class Down(MemoryBackend):
+        def get(self, partition, names):  # type: ignore[no-untyped-def]
+            raise BackendUnavailableError("down")
+
+        async def aget(self, partition, names):  # type: ignore[no-untyped-def]
+            raise BackendUnavailableError("down")
+
+    closed: list[str] = []
+
+    def my_flow(retry: bool):  # type: ignore[no-untyped-def]
+        try:
+            try:
+                yield GetOp(Partition("u", "s", "p"), ["x"])
+            except BackendUnavailableError:
+                if not retry:
+                    raise
+                return "recovered"
+        finally:
+            closed.append("closed")
+
+    for drive in (lambda f: run(f, Down()), lambda f: asyncio.run(arun(f, Down()))):
+        closed.clear()
+        with pytest.raises(BackendUnavailableError) as info:
+            drive(my_flow(False))
+        assert "my_flow" in "".join(traceback.format_tb(info.tb)) and closed == ["closed"]
+        assert drive(my_flow(True)) == "recovered"

@@ -458,3 +458,500 @@ async def test_a_failing_on_refused_callback_does_not_hide_the_refusal(caplog: p
     assert storage.refused_saves == 1
     assert any("on_refused callback failed" in r.getMessage() for r in caplog.records)
     assert storage.for_user("bob").max_item_bytes == 64  # a view keeps the settings
+
+
+# -- crafted pickled leaves: stored bytes never import a module nor run code ------------------------
+#
+# Each record below is written straight into the backend, sealed and indexed as ``save`` would,
+# with one pickled leaf crafted by hand. Every read (load, get_latest, list_checkpoints) must raise
+# CorruptCheckpointError (also a WorkflowCheckpointException); no marker file may appear and no
+# module may be imported. The logic is the same on every backend, so the many crafted cases run
+# on memory and SQLite, and the main ones once more on Redis and S3.
+
+import base64
+import collections
+import datetime
+import decimal
+import enum
+import importlib.util
+import pickle
+import pickletools
+import struct
+import typing
+from collections.abc import Callable
+
+from agent_framework import Content, Message
+from agent_framework._workflows._checkpoint_encoding import encode_checkpoint_value
+from agent_framework._workflows._runner_context import WorkflowMessage
+
+from checkpointers.backends.base import Mode
+
+CRAFTED_BACKENDS = pytest.mark.parametrize("backend_name", ["memory", "sqlite"])
+_HASH_MODULUS = sys.hash_info.modulus
+
+
+def _str_op(text: str) -> bytes:
+    """SHORT_BINUNICODE / BINUNICODE pushing ``text``."""
+    raw = text.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw if len(raw) < 256 else b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _global_op(module: str, name: str) -> bytes:
+    """STACK_GLOBAL of ``module:name`` from two string operands."""
+    return _str_op(module) + _str_op(name) + b"\x93"
+
+
+def _int_op(value: int) -> bytes:
+    raw = pickle.encode_long(value)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def _pickle(body: bytes) -> bytes:
+    return b"\x80\x05" + body + b"."
+
+
+def _shared_dag(levels: int, *, tuples: bool) -> bytes:
+    """Leaves on the stack ``x_levels`` where ``x_k = (x_k-1, x_k-1)`` (2**levels objects, ~6 bytes per level)."""
+    if tuples:
+        body = b")\x940" + b"".join(b"h" + bytes([k, ord("h"), k]) + b"\x86\x940" for k in range(levels))
+    else:
+        body = b"]\x940" + b"".join(b"]\x94(h" + bytes([k, ord("h"), k]) + b"e0" for k in range(levels))
+    return body + b"h" + bytes([levels])
+
+
+def _crafted_put(
+    storage: IsolatedCheckpointStorage, workflow: str, checkpoint_id: str, pickled: bytes, type_key: str
+) -> Put:
+    """A sealed, indexed record of a real checkpoint whose state holds one crafted pickled leaf."""
+    checkpoint = synthetic_checkpoint(workflow, checkpoint_id=checkpoint_id)
+    encoded = encode_checkpoint_value(checkpoint.to_dict())
+    encoded["state"]["crafted"] = {"k": [{"__pickled__": base64.b64encode(pickled).decode(), "__type__": type_key}]}
+    data = json.dumps(encoded).encode()
+    tags = storage._tags(checkpoint)
+    return storage.integrity.put(
+        storage.partition, _record_name(checkpoint_id), data, etag="e", tags=tags, mode=Mode.APPEND
+    )
+
+
+async def _assert_every_read_refuses(
+    backend: Backend, storage: IsolatedCheckpointStorage, pickled: bytes, *, type_key: str = "builtins:object",
+    match: str | None = None,
+) -> None:
+    workflow, checkpoint_id = new_name("wf"), new_name("crafted")
+    put = _crafted_put(storage, workflow, checkpoint_id, pickled, type_key)
+    assert (await backend.awrite(storage.partition, [put])).conflict is None
+    assert await storage.list_checkpoint_ids(workflow_name=workflow) == [checkpoint_id]  # found by the index
+    for read in (
+        lambda: storage.load(checkpoint_id),
+        lambda: storage.get_latest(workflow_name=workflow),
+        lambda: storage.list_checkpoints(workflow_name=workflow),
+    ):
+        with pytest.raises(CorruptCheckpointError, match=match) as caught:
+            await read()
+        assert isinstance(caught.value, WorkflowCheckpointException) and isinstance(caught.value, CorruptItemError)
+        assert caught.value.key == checkpoint_id
+
+
+@CRAFTED_BACKENDS
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # STACK_GLOBAL os.system, called by REDUCE
+        lambda cmd: _pickle(_global_op("os", "system") + _str_op(cmd) + b"\x85R"),
+        # the same under its real module name
+        lambda cmd: _pickle(_global_op("posix", "system") + _str_op(cmd) + b"\x85R"),
+        # protocol 0: GLOBAL and INST (a legacy call opcode)
+        lambda cmd: b"cos\nsystem\n(S'" + cmd.encode() + b"'\ntR.",
+        lambda cmd: b"(S'" + cmd.encode() + b"'\nios\nsystem\n.",
+        # module and name computed at unpickling time, not literal strings
+        lambda cmd: _pickle(
+            _global_op("builtins", "str") + b"C\x02os" + _str_op("ascii") + b"\x86R" + _str_op("system")
+            + b"\x93" + _str_op(cmd) + b"\x85R"
+        ),
+    ],
+    ids=["stack-global", "posix", "proto0-global", "proto0-inst", "computed-name"],
+)
+async def test_a_crafted_leaf_reducing_to_os_system_never_runs(
+    backend: Backend, payload: Callable[[str], bytes], tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    for allowed in ([], ["os:system", "posix:system"]):  # even allowing it by name does not make it a class
+        storage = storage_for(backend, allowed_checkpoint_types=allowed)
+        await _assert_every_read_refuses(backend, storage, payload(f"touch {marker}"))
+        assert not marker.exists()
+
+
+def _module_touching(directory: Path, dotted: str, marker: Path) -> None:
+    """Write module ``dotted`` (and its packages) under ``directory``; importing it touches ``marker``."""
+    parts = dotted.split(".")
+    for depth in range(1, len(parts)):
+        package = directory.joinpath(*parts[:depth])
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").write_text(f"open({str(marker) + '.package'!r}, 'w').close()\n")
+    module = directory.joinpath(*parts[:-1], parts[-1] + ".py")
+    module.write_text(f"open({str(marker)!r}, 'w').close()\n\nclass Thing:\n    pass\n")
+
+
+@CRAFTED_BACKENDS
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        "checkpoint_evil_{}",  # a type the storage allows by name, in a module nobody imported
+        "agent_framework_orchestrations.evil_{}",  # the framework's blanket prefix, from anywhere on sys.path
+    ],
+    ids=["allowed-type", "framework-prefix"],
+)
+async def test_a_crafted_leaf_never_imports_a_module(
+    backend: Backend, module_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dotted = module_name.format(uuid.uuid4().hex[:8])
+    top = dotted.split(".")[0]
+    if top != dotted and (top in sys.modules or importlib.util.find_spec(top) is not None):
+        pytest.skip(f"{top} is installed here")
+    marker = tmp_path / "imported"
+    _module_touching(tmp_path, dotted, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = f"{dotted}:Thing"
+    storage = storage_for(backend, allowed_checkpoint_types=[key])
+    for body in (_global_op(dotted, "Thing"), _global_op(dotted, "Thing") + b")\x81"):
+        await _assert_every_read_refuses(backend, storage, _pickle(body), type_key=key, match="is not imported")
+    assert dotted not in sys.modules and top not in sys.modules
+    assert not marker.exists() and not marker.with_name("imported.package").exists()
+
+
+@CRAFTED_BACKENDS
+async def test_a_crafted_leaf_never_reaches_a_lazy_module_getattr(backend: Backend) -> None:
+    # agent_framework.<integration> namespaces import another package from their module __getattr__.
+    lazy = "agent_framework.hyperlight"
+    if lazy in sys.modules:
+        pytest.skip(f"{lazy} is already imported")
+    storage = storage_for(backend)
+    await _assert_every_read_refuses(backend, storage, _pickle(_global_op(lazy, "HyperlightCodeActTool")))
+    assert lazy not in sys.modules
+
+
+@CRAFTED_BACKENDS
+@pytest.mark.parametrize(
+    "body",
+    [
+        # getattr(FileCheckpointStorage, "save").__globals__["os"].system(...)
+        _global_op("builtins", "getattr")
+        + _global_op("builtins", "getattr")
+        + _global_op("agent_framework._workflows._checkpoint", "FileCheckpointStorage")
+        + _str_op("save") + b"\x86R" + _str_op("__globals__") + b"\x86R",
+        # object.__subclasses__() -> os._wrap_close.__init__.__globals__["system"]
+        _global_op("builtins", "getattr") + _global_op("builtins", "object") + _str_op("__subclasses__") + b"\x86R)R",
+        # type(cls) / cls.__class__: the metaclass
+        _global_op("builtins", "getattr") + _global_op("agent_framework._types", "Message") + _str_op("__class__") + b"\x86R",
+        # a module reached through a class attribute
+        _global_op("builtins", "getattr") + _global_op("agent_framework._types", "Message") + _str_op("__module__") + b"\x86R",
+        # the Python 2 spelling of getattr
+        b"c__builtin__\ngetattr\n" + _global_op("builtins", "object") + _str_op("__subclasses__") + b"\x86R",
+    ],
+    ids=["function-globals", "subclasses", "metaclass", "module", "py2-getattr"],
+)
+async def test_a_getattr_traversal_never_reaches_os_system(backend: Backend, body: bytes, tmp_path: Path) -> None:
+    storage = storage_for(backend)
+    await _assert_every_read_refuses(backend, storage, _pickle(body), match="getattr|special attribute|reads")
+
+
+@CRAFTED_BACKENDS
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        # a base outside the allowlist
+        (
+            _global_op("copyreg", "_reconstructor") + _global_op("agent_framework._types", "Message")
+            + _global_op("os", "_wrap_close") + b"N\x87R",
+            "'os:_wrap_close', which is not an allowed type",
+        ),
+        # an allowed base the class does not derive from
+        (
+            _global_op("copyreg", "_reconstructor") + _global_op("agent_framework._types", "Message")
+            + _global_op("builtins", "dict") + b"}\x87R",
+            "the base must be object or a built-in base",
+        ),
+        # object.__new__ of an enum: a forged member that bypasses the enum's lookup
+        (
+            _global_op("copyreg", "_reconstructor")
+            + _global_op("agent_framework._workflows._runner_context", "MessageType")
+            + _global_op("builtins", "object") + b"N\x87R",
+            "to bypass",
+        ),
+        # bytes.__new__(bytes, 10**9): a gigabyte from a few bytes
+        (
+            _global_op("copyreg", "_reconstructor") + _global_op("builtins", "bytes") + _global_op("builtins", "bytes")
+            + _int_op(10**9) + b"\x87R",
+            "a size allocates",
+        ),
+    ],
+    ids=["foreign-base", "unrelated-base", "enum-bypass", "allocating-base"],
+)
+async def test_a_copyreg_reconstructor_outside_what_the_pickler_writes(
+    backend: Backend, body: bytes, match: str
+) -> None:
+    storage = storage_for(backend)
+    await _assert_every_read_refuses(backend, storage, _pickle(body), match=match)
+
+
+BEYOND_THE_FRAMEWORK: list[tuple[str, Callable[[Path], bytes], str]] = [
+    # (b) calls, attribute writes and hooks the framework's own checks let through
+    (
+        "init-with-side-effects",  # FileCheckpointStorage(path).__init__ creates the directory
+        lambda tmp: _global_op("agent_framework._workflows._checkpoint", "FileCheckpointStorage")
+        + _str_op(str(tmp / "made")) + b"\x85R",
+        "the pickler never writes",
+    ),
+    (
+        "class-attribute",  # BUILD on a class object: WorkflowMessage.__eq__ = int, process-wide
+        lambda tmp: _global_op("agent_framework._workflows._runner_context", "WorkflowMessage")
+        + b"N}" + _str_op("__eq__") + _global_op("builtins", "int") + b"s\x86b",
+        "not a new object",
+    ),
+    (
+        "dunder-through-setstate",  # Content.__setstate__ assigning __class__
+        lambda tmp: _global_op("agent_framework._types", "Content") + b")\x81}" + _str_op("__class__")
+        + _global_op("agent_framework._types", "Message") + b"sb",
+        "special attribute '__class__'",
+    ),
+    (
+        "property-setter",  # a state key that names a property runs its setter
+        lambda tmp: _global_op("agent_framework._types", "Message") + b")\x81}" + _str_op("text") + _str_op("x")
+        + b"sb",
+        "runs a descriptor",
+    ),
+    (
+        "class-creation",  # type(name, bases, namespace) runs metaclasses and __init_subclass__
+        lambda tmp: _global_op("builtins", "type") + _str_op("X")
+        + _global_op("agent_framework._types", "Message") + b"\x85}\x87R",
+        "creates a class",
+    ),
+    (
+        "enum-creation",  # the functional Enum API
+        lambda tmp: _global_op("agent_framework._workflows._runner_context", "MessageType") + _str_op("X")
+        + _str_op("A B") + b"\x86R",
+        "creates an enum",
+    ),
+    (
+        "defaultdict-factory",  # a factory called later, on any missing key
+        lambda tmp: _global_op("collections", "defaultdict")
+        + _global_op("agent_framework._workflows._checkpoint", "FileCheckpointStorage") + b"\x85R",
+        "default factory",
+    ),
+    ("persistent-id", lambda tmp: b"P1\n", "opcode PERSID"),
+    ("extension-code", lambda tmp: b"\x82\x01", "opcode EXT1"),
+    ("legacy-obj", lambda tmp: b"(" + _global_op("builtins", "object") + b"o", "opcode OBJ"),
+    ("out-of-band-buffer", lambda tmp: b"\x97", "opcode NEXT_BUFFER"),
+    # (c) memory and CPU at almost no cost in stored bytes
+    ("bytes-of-size", lambda tmp: _global_op("builtins", "bytes") + _int_op(10**9) + b"\x85R", "a size allocates"),
+    ("new-bytes-of-size", lambda tmp: _global_op("builtins", "bytes") + _int_op(10**9) + b"\x85\x81", "a size"),
+    (
+        "list-of-range",
+        lambda tmp: _global_op("builtins", "list") + _global_op("builtins", "range") + _int_op(10**12)
+        + b"\x85R\x85R",
+        "passes a range",
+    ),
+    ("memo-slot", lambda tmp: b"Nr" + struct.pack("<I", 2**27), "out of sequence"),
+    (
+        "colliding-int-keys",  # unequal ints with one hash: inserting n of them costs n**2
+        lambda tmp: b"\x8f(" + b"".join(_int_op(k * _HASH_MODULUS) for k in range(1, 200)) + b"\x90",
+        "distinct keys with one hash",
+    ),
+    (
+        "colliding-complex-keys",
+        lambda tmp: _global_op("builtins", "complex") + b"\x940\x8f("
+        + b"".join(
+            b"h\x00G" + struct.pack(">d", float(7 - 1_000_003 * k)) + b"G" + struct.pack(">d", float(k)) + b"\x86R"
+            for k in range(200)
+        )
+        + b"\x90",
+        "distinct keys with one hash",
+    ),
+    ("deep-tuple-key", lambda tmp: b"}" + b")" + b"\x85" * 5000 + b"Ns", "nests deeper"),
+    ("shared-tuple-dag-key", lambda tmp: b"\x8f(" + _shared_dag(60, tuples=True) + b"\x90", "far more objects"),
+    (
+        "str-of-shared-dag",
+        lambda tmp: _global_op("builtins", "str") + _shared_dag(60, tuples=True) + b"\x85R",
+        "from a non-literal",
+    ),
+    (
+        "exception-logging-shared-dag",  # AgentFrameworkException.__init__ logs its message at a stored level
+        lambda tmp: _global_op("agent_framework.exceptions", "AgentFrameworkException")
+        + _shared_dag(60, tuples=False) + b"NK2\x87R",
+        "expand to more objects",
+    ),
+]
+
+
+@CRAFTED_BACKENDS
+@pytest.mark.parametrize(("body", "match"), [pytest.param(b, m, id=n) for n, b, m in BEYOND_THE_FRAMEWORK])
+async def test_a_crafted_leaf_beyond_the_frameworks_checks_is_refused(
+    backend: Backend, body: Callable[[Path], bytes], match: str, tmp_path: Path
+) -> None:
+    storage = storage_for(backend)
+    eq_before = WorkflowMessage.__dict__.get("__eq__")
+    await _assert_every_read_refuses(backend, storage, _pickle(body(tmp_path)), match=match)
+    assert not (tmp_path / "made").exists()
+    assert WorkflowMessage.__dict__.get("__eq__") is eq_before
+
+
+@pytest.mark.parametrize("backend_name", ["redis", "s3"])
+async def test_a_crafted_leaves_on_redis_and_s3(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "pwned"
+    storage = storage_for(backend)
+    await _assert_every_read_refuses(
+        backend, storage, _pickle(_global_op("os", "system") + _str_op(f"touch {marker}") + b"\x85R")
+    )
+    dotted = f"checkpoint_evil_{uuid.uuid4().hex[:8]}"
+    _module_touching(tmp_path, dotted, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    allowing = storage_for(backend, allowed_checkpoint_types=[f"{dotted}:Thing"])
+    await _assert_every_read_refuses(
+        backend, allowing, _pickle(_global_op(dotted, "Thing")), type_key=f"{dotted}:Thing", match="is not imported"
+    )
+    await _assert_every_read_refuses(
+        backend, storage, _pickle(b"\x8f(" + _shared_dag(60, tuples=True) + b"\x90"), match="far more objects"
+    )
+    assert not marker.exists() and dotted not in sys.modules
+
+
+@CRAFTED_BACKENDS
+async def test_a_json_nested_too_deep_is_corrupt_not_a_recursion_error(backend: Backend) -> None:
+    storage = storage_for(backend)
+    checkpoint_id = "deep-" + uuid.uuid4().hex
+    checkpoint = synthetic_checkpoint("wf", checkpoint_id=checkpoint_id)
+    data = b'{"state": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    put = storage.integrity.put(
+        storage.partition, _record_name(checkpoint_id), data, etag="e", tags=storage._tags(checkpoint), mode=Mode.APPEND
+    )
+    await backend.awrite(storage.partition, [put])
+    with pytest.raises(CorruptCheckpointError):
+        await storage.load(checkpoint_id)
+
+
+# Values of every kind the checks must still let through, saved by the framework's own encoder.
+
+
+class _Colour(enum.Enum):
+    RED = 1
+    BLUE = "b"
+
+
+class _Point(typing.NamedTuple):
+    x: int
+    y: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    a: int
+    b: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    a: int
+    b: list[int]
+
+
+@dataclasses.dataclass
+class _Node:
+    name: str
+    parent: _Node | None = None
+    children: list[_Node] = dataclasses.field(default_factory=list)
+
+
+LEGIT_TYPES = [f"{t.__module__}:{t.__qualname__}" for t in (_Colour, _Point, _Frozen, _Slotted, _Node, Question)]
+
+
+def _legit_values() -> dict[str, Any]:
+    root = _Node("root")
+    root.children.append(_Node("child", parent=root))  # a cycle
+    looped: list[Any] = []
+    looped.append(looped)
+    return {
+        "when": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+        "day": datetime.date(2026, 1, 2),
+        "span": datetime.timedelta(days=3, seconds=4),
+        "ids": {uuid.UUID(int=i) for i in range(5)},
+        "by_uuid": collections.OrderedDict((uuid.UUID(int=i), i) for i in range(3)),
+        "amount": decimal.Decimal("12.50"),
+        "nan": decimal.Decimal("NaN"),
+        "numbers": (1, 2.5, 3 + 4j, 2**100, -(2**70), True, None),
+        "sets": [frozenset({1, "a", (2, 3)}), {4, 5}, set(range(300))],
+        "bytes": (b"raw", bytearray(b"mutable")),
+        "ranges": (range(1, 10, 2), slice(1, 5)),
+        "collections": [
+            collections.defaultdict(list, {"k": [1]}),
+            collections.deque([1, 2], maxlen=3),
+            collections.Counter("hello"),
+        ],
+        "types": [int, type(None), _Point],
+        "reserved": {"__pickled__": 1, "__type__": 2},
+        "colliding_str_keys": {1: "a", "1": "b"},
+        "enums": [_Colour.RED, _Colour.BLUE],
+        # (in tuples: the framework's JSON layer turns a plain dict's keys into strings)
+        "named_keys": ({_Point(1, 2): "p", _Point(3, 4): "q"},),
+        "frozen_keys": ({_Frozen(1, (2,)): "f", _Frozen(2): "g"},),
+        "slotted": _Slotted(1, [2]),
+        "graph": root,
+        "looped": (looped,),  # in a tuple: the framework's JSON layer would recurse into a bare list
+        "messages": [Message(role="user", contents=[Content.from_text(f"message {i}")]) for i in range(3)],
+        "question": Question("approve?", 3, ["a"]),
+    }
+
+
+@CRAFTED_BACKENDS
+async def test_a_values_of_every_kind_still_round_trip(backend: Backend) -> None:
+    storage = storage_for(backend, allowed_checkpoint_types=LEGIT_TYPES)
+    checkpoint = synthetic_checkpoint("wf")
+    checkpoint.state = _legit_values()
+    await storage.save(checkpoint)
+    for loaded in (
+        await storage.load(checkpoint.checkpoint_id),
+        await storage.get_latest(workflow_name="wf"),
+        (await storage.list_checkpoints(workflow_name="wf"))[0],
+    ):
+        assert loaded is not None
+        state = loaded.state
+        for key, value in _legit_values().items():
+            if key == "graph":
+                assert state[key].children[0].parent is state[key]
+            elif key == "looped":
+                assert state[key][0][0] is state[key][0]
+            elif key == "nan":
+                assert state[key].is_nan()
+            elif key == "messages":
+                assert [m.text for m in state[key]] == [m.text for m in value]
+            else:
+                assert state[key] == value, key
+
+
+@CRAFTED_BACKENDS
+async def test_a_checkpoint_the_checks_would_refuse_is_refused_at_save(backend: Backend) -> None:
+    storage = storage_for(backend, allowed_checkpoint_types=LEGIT_TYPES)
+    # Keys whose hash cannot be checked (frozen dataclasses) beyond the bound: refused at save, not at resume.
+    checkpoint = synthetic_checkpoint("wf", metadata={"many": frozenset(_Frozen(i) for i in range(300))})
+    with pytest.raises(WorkflowCheckpointException, match="hash cannot be checked"):
+        await storage.save(checkpoint)
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == []
+    assert storage.refused_saves == 1
+
+
+def test_a_the_checks_read_opcodes_exactly_as_pickletools_does() -> None:
+    from adapters.agent_framework import _opcodes
+
+    values: list[Any] = [*_legit_values().values(), _legit_values()]
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        for value in values:
+            try:
+                data = pickle.dumps(value, protocol=protocol)
+            except (pickle.PicklingError, TypeError, AttributeError):
+                continue  # not picklable at this protocol
+            expected = [(ord(op.code), arg, pos) for op, arg, pos in pickletools.genops(data)]
+            assert list(_opcodes(data)) == expected
+    for truncated in (b"\x80\x05\x8c\x05abc", b"\x80", b"\x80\x05N", b"\xff."):
+        with pytest.raises(ValueError):
+            list(_opcodes(truncated))

@@ -184,7 +184,7 @@ def test_kill_9_mid_batch_leaves_whole_batches(tmp_path: Path) -> None:
         committed = SPAWN.Value("q", -1)
         child = SPAWN.Process(target=_batch_worker, args=(path, first, committed))
         child.start()
-        assert _wait_until(lambda: committed.value >= first + 5, 60), "child never committed"
+        assert _wait_until(lambda c=committed, f=first: c.value >= f + 5, 60), "child never committed"
         time.sleep(0.05 + 0.1 * round_)  # land somewhere inside a later batch
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(timeout=30)
@@ -238,7 +238,10 @@ def test_v1_file_gets_tag_seqs_backfilled(tmp_path: Path) -> None:
             conn.execute("INSERT INTO schema_migrations (v) VALUES (?)", (v,))
         conn.executemany(
             "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(P.key, p.name, s, p.etag, p.digest, json.dumps(p.tags), p.value) for p, s in zip(puts, seqs)],
+            [
+                (P.key, p.name, s, p.etag, p.digest, json.dumps(p.tags), p.value)
+                for p, s in zip(puts, seqs, strict=False)
+            ],
         )
         conn.executemany(
             "INSERT INTO tags VALUES (?, ?, ?, ?)",
@@ -546,8 +549,15 @@ PARTITION_DAMAGE = [
     ("name-not-utf8", "UPDATE partitions SET name = x'ff' WHERE name = CAST('runs/r1' AS BLOB)"),
     ("name-text", "UPDATE partitions SET name = 'runs/r1' WHERE name = CAST('runs/r1' AS BLOB)"),
     ("name-int", "UPDATE partitions SET name = 5 WHERE name = CAST('runs/r1' AS BLOB)"),
-    ("name-another-partitions", "UPDATE partitions SET name = CAST('runs/r2' AS BLOB) WHERE name = CAST('runs/r1' AS BLOB)"),
-    ("row-of-another-user", "UPDATE partitions SET user_key = (SELECT user_key FROM partitions WHERE name = CAST('runs/r1' AS BLOB)) WHERE name = CAST('bobs' AS BLOB)"),
+    (
+        "name-another-partitions",
+        "UPDATE partitions SET name = CAST('runs/r2' AS BLOB) WHERE name = CAST('runs/r1' AS BLOB)",
+    ),
+    (
+        "row-of-another-user",
+        "UPDATE partitions SET user_key = (SELECT user_key FROM partitions WHERE name = CAST('runs/r1' AS BLOB)) "
+        "WHERE name = CAST('bobs' AS BLOB)",
+    ),
 ]
 
 

@@ -48,6 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Deep checks are deselected (not skipped) without --deep, so the summary
     # never counts them as run: "N deselected" says what was left out.
+    # A module may name backends whose cases only run under --deep
+    # (``DEEP_BACKENDS = {"s3_http"}``): the same logic is covered on a faster
+    # form of that backend in the normal run.
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        deep_backends = getattr(getattr(item, "module", None), "DEEP_BACKENDS", ())
+        if callspec is not None and callspec.params.get("backend_name") in deep_backends:
+            item.add_marker(pytest.mark.deep)
     if config.getoption("--deep"):
         # Hundreds of examples per property take minutes per test on S3 over
         # HTTP (the langgraph isolation property went past the 300 s default).

@@ -43,6 +43,11 @@ from checkpointers.backends import Backend, ListQuery, MemoryBackend
 from checkpointers.backends.base import Delete, Put, Record, WriteResult
 from checkpointers.savers import Checkpointer
 
+#: S3 over HTTP runs only under --deep: the listings are the same as in-process
+#: moto's, and these checks take 15-40 s each over HTTP.
+DEEP_BACKENDS = {"s3_http"}
+
+
 # -- a counting backend ---------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ test-deep: $(STAMP)
 LOWEST_VENV  := .venv-lowest
 LOWEST_PY    := $(LOWEST_VENV)/bin/python
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
-LOWEST_PINS  := 'langgraph-checkpoint==4.3.0' 'langgraph==1.0.6' 'aiosqlite==0.22.1' \
+LOWEST_PINS  := 'langgraph-checkpoint==4.3.0' 'langgraph==1.0.6' \
                 'redis[hiredis]==8.0.0' 'hiredis==3.2.0' 'boto3==1.35.69' 'botocore==1.35.69' \
                 'agent-framework-core==1.19.0' 'langgraph-checkpoint-sqlite==3.0.2' \
                 'pytest==8.2.0' 'pytest-asyncio==0.24.0' 'pytest-timeout==2.3.1' \
@@ -48,7 +48,7 @@ $(LOWEST_STAMP): pyproject.toml Makefile
 	touch $(LOWEST_STAMP)
 
 test-lowest: $(LOWEST_STAMP)
-	$(LOWEST_PY) -m pip list 2>/dev/null | grep -iE '^(langgraph|langgraph-checkpoint|aiosqlite|redis|hiredis|boto3|botocore|agent-framework-core|pytest|moto) '
+	$(LOWEST_PY) -m pip list 2>/dev/null | grep -iE '^(langgraph|langgraph-checkpoint|redis|hiredis|boto3|botocore|agent-framework-core|pytest|moto) '
 	$(LOWEST_PY) -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
 
 # LangGraph's own test suite (from the installed version's sdist) on our

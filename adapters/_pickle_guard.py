@@ -29,16 +29,21 @@ from typing import Any, NoReturn
 # imported here, by code, so that a process that has not built a workflow yet can load a
 # checkpoint holding them: loading never imports a module named in stored data.
 import agent_framework._workflows._runner_context  # noqa: F401
+from agent_framework._workflows import _checkpoint_encoding as _encoding
 from agent_framework._workflows._checkpoint_encoding import (
     _BLOCKED_FRAMEWORK_GLOBAL_KEYS,
     _BUILTIN_ALLOWED_TYPE_KEYS,
-    _FRAMEWORK_MODULE_PREFIXES,
     _GETATTR_GLOBAL_KEYS,
     _OPENAI_MODULE_PREFIX,
     _PICKLE_MARKER,
     _REGISTERED_CHECKPOINT_TYPE_KEYS,
     _TYPE_MARKER,
     decode_checkpoint_value,
+)
+
+#: The framework's own module prefixes (a tuple from 1.20; one string before).
+_FRAMEWORK_MODULE_PREFIXES: tuple[str, ...] = tuple(
+    getattr(_encoding, "_FRAMEWORK_MODULE_PREFIXES", None) or (_encoding._FRAMEWORK_MODULE_PREFIX,)
 )
 
 

@@ -25,6 +25,10 @@ reads it back, but decoding rebuilds only
   ``__post_init__``), so pass ``strict=True`` when stored bytes may come from
   someone who should not run those either.
 
+A pydantic model its (imported) module does not hold by name, such as one
+defined inside a function, comes back as its fields, as LangGraph returns a
+class it cannot find; a pydantic state schema validates them again.
+
 Any other type is **never imported or called**: the load fails with
 :class:`~checkpointers.errors.DisallowedTypeError` (a ``CorruptItemError``)
 naming the type and the argument that allows it.
@@ -83,6 +87,7 @@ _DATA_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_DELTA_SNAPSHOT", "EXT_NUMPY_ARRAY") if hasattr(_jsonplus, n)
 )
 _READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
+_PYDANTIC_EXTS = frozenset(getattr(_jsonplus, n) for n in ("EXT_PYDANTIC_V1", "EXT_PYDANTIC_V2") if hasattr(_jsonplus, n))
 
 
 def _normalize(allowed: AllowedTypes | None) -> frozenset[tuple[str, str]]:
@@ -184,6 +189,11 @@ class SafeSerializer(JsonPlusSerializer):
                     if not ok and not strict and _is_data_class(module, name):
                         rebuild_allowed.add((module, name))
                         ok = True
+                if not ok and code in _PYDANTIC_EXTS and module in sys.modules and _lookup(module, name) is None:
+                    # A model its module does not hold by that name (one defined inside a
+                    # function): return its fields, as LangGraph does for a class it cannot
+                    # find (nothing is imported or called; a pydantic state validates them).
+                    return tup[2]
                 if not ok:
                     blocked.type = (module, name)
                     raise ValueError("type not in the allowlist")

@@ -481,7 +481,7 @@ import typing
 from collections.abc import Callable
 
 from agent_framework import Content, Message
-from agent_framework._workflows._checkpoint_encoding import encode_checkpoint_value
+from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value, encode_checkpoint_value
 from agent_framework._workflows._runner_context import WorkflowMessage
 
 from checkpointers.backends.base import Mode
@@ -916,6 +916,8 @@ async def test_a_values_of_every_kind_still_round_trip(backend: Backend) -> None
     ):
         assert loaded is not None
         state = loaded.state
+        # What the framework's own encoding gives back (1.19 turns an OrderedDict's UUID keys into strings).
+        reference = decode_checkpoint_value(encode_checkpoint_value(_legit_values()))
         for key, value in _legit_values().items():
             if key == "graph":
                 assert state[key].children[0].parent is state[key]
@@ -926,7 +928,7 @@ async def test_a_values_of_every_kind_still_round_trip(backend: Backend) -> None
             elif key == "messages":
                 assert [m.text for m in state[key]] == [m.text for m in value]
             else:
-                assert state[key] == value, key
+                assert state[key] == value or state[key] == reference[key], key
 
 
 @CRAFTED_BACKENDS
@@ -941,7 +943,7 @@ async def test_a_checkpoint_the_checks_would_refuse_is_refused_at_save(backend: 
 
 
 def test_a_the_checks_read_opcodes_exactly_as_pickletools_does() -> None:
-    from adapters.agent_framework import _opcodes
+    from adapters._pickle_guard import _opcodes
 
     values: list[Any] = [*_legit_values().values(), _legit_values()]
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):

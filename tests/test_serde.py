@@ -129,3 +129,11 @@ def test_what_jsonplus_writes_reads_back() -> None:
     value = {"items": [Item(name="a", qty=1)], "color": Color.RED, "note": Note("t"), "set": {1, 2}}
     assert SafeSerializer().loads_typed(JsonPlusSerializer().dumps_typed(value)) == value
     assert subprocess.Popen  # the import above is used: Popen is reachable in sys.modules
+
+
+def test_a_model_defined_in_a_function_comes_back_as_its_fields() -> None:
+    class Local(BaseModel):
+        a: int
+
+    data = JsonPlusSerializer().dumps_typed({"v": Local(a=1)})
+    assert SafeSerializer().loads_typed(data) == {"v": {"a": 1}}  # as LangGraph returns a class it cannot find

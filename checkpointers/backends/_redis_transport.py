@@ -662,7 +662,7 @@ class Link:
             while True:
                 try:
                     for use_sha in (True, False):
-                        transport = self._sync_entry().transport
+                        transport = (self._sync or self._sync_entry()).transport
                         self.round_trips += 1  # an attempt counts, even if connecting fails
                         replies = transport.execute(self._wire(commands, use_sha))  # type: ignore[union-attr]
                         if self._complete(replies, len(commands), use_sha):
@@ -702,12 +702,17 @@ class Link:
 
     @staticmethod
     def _complete(replies: list[Any], count: int, use_sha: bool) -> bool:
-        """``False`` to re-send with ``EVAL`` (``NOSCRIPT``); raise the first error not kept in place."""
-        if use_sha and any(isinstance(res, rex.NoScriptError) for res in replies[:count]):
-            return False
+        """``False`` to re-send with ``EVAL`` (a ``NOSCRIPT`` anywhere); else raise
+        the first error not kept in place."""
+        first = None
         for res in replies[:count]:
-            if isinstance(res, BaseException) and not kept_in_place(res):
-                raise res
+            if isinstance(res, BaseException):
+                if use_sha and isinstance(res, rex.NoScriptError):
+                    return False
+                if first is None and not kept_in_place(res):
+                    first = res
+        if first is not None:
+            raise first
         return True
 
     def _delay(self, exc: BaseException, attempt: int) -> float:

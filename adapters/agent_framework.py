@@ -89,7 +89,6 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
-from ._pickle_guard import restricted_decode
 from checkpointers._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, write_flow
 from checkpointers._integrity import Integrity, IntegrityKeys
 from checkpointers._names import (
@@ -110,6 +109,8 @@ from checkpointers.errors import (
     InvalidNameError,
     IsolationError,
 )
+
+from ._pickle_guard import restricted_decode
 
 __all__ = [
     "CheckpointSaveRefusedError",

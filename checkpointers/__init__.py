@@ -6,6 +6,7 @@ backends for memory, SQLite, Redis and S3, and drop-in LangGraph checkpointers.
 
 from __future__ import annotations
 
+from ._integrity import Integrity
 from .backends import Backend, open_backend
 from .errors import (
     BackendUnavailableError,
@@ -21,7 +22,6 @@ from .errors import (
     TooManyTagsError,
     UnserializableValueError,
 )
-from ._integrity import Integrity
 from .store import Batch, Item, Store
 
 __version__ = "0.2.0"

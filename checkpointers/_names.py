@@ -19,7 +19,6 @@ hash tags and S3 prefixes.
 from __future__ import annotations
 
 import functools
-import functools
 import hashlib
 import re
 from collections.abc import Mapping

@@ -72,9 +72,9 @@ from ._flows import (
     raise_conflict,
     write_flow,
 )
+from ._integrity import Integrity
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size
 from ._names import encode_component as enc
-from ._integrity import Integrity
 from .backends.base import Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
 from .errors import (
     ConcurrencyError,

@@ -19,8 +19,8 @@ before the first backend call, so a bad item never reaches storage.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, run, write_flow

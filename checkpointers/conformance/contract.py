@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .._flows import digest, make_put
 from .._names import Partition
 from ..backends.base import Backend, Delete, ListQuery, Mode, Put
-from .._flows import digest, make_put
 from ..errors import (
     ConcurrencyError,
     CorruptItemError,

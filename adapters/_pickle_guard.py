@@ -486,9 +486,13 @@ class _PickleCheck:
         elif issubclass(cls, collections.defaultdict):
             factory = args[0] if args else _NONE
             if factory is not _NONE and not (
-                factory.kind == "class" and (self.info(factory.value).builtin or self.info(factory.value).key in self.allowed)
+                factory.kind == "class"
+                and (self.info(factory.value).builtin or self.info(factory.value).key in self.allowed)
             ):
-                _refuse("the pickle gives a defaultdict a default factory (called later) that is not a built-in or allowed type")
+                _refuse(
+                    "the pickle gives a defaultdict a default factory (called later)"
+                    " that is not a built-in or allowed type"
+                )
             if len(args) > 1:
                 self.keys_of(args[1], pairs=args[1].kind != "dict")
         elif issubclass(cls, dict) and args:
@@ -643,7 +647,8 @@ class _PickleCheck:
         if info.setstate == "pydantic":
             self.state_keys(info, state, _PYDANTIC_STATE_KEYS, False)
             items = state.items or []
-            for key, value in zip(items[0::2], items[1::2]):
+            # an odd trailing item (a malformed pickle) has no value: skipped, as before
+            for key, value in zip(items[0::2], items[1::2], strict=False):
                 if key.value in ("__dict__", "__pydantic_private__", "__pydantic_extra__") and value is not _NONE:
                     self.state_keys(info, value, _NO_KEYS, False)
         elif info.setstate:
@@ -666,7 +671,7 @@ class _PickleCheck:
             inst.items.append(state)
         if inst.cls is uuid.UUID and state.kind == "dict":
             items = state.items or []
-            for key, value in zip(items[0::2], items[1::2]):
+            for key, value in zip(items[0::2], items[1::2], strict=False):
                 if key.value == "int" and value.kind == "lit" and type(value.value) is int:
                     inst.stand, inst.work = value.value, value.work  # hash(UUID) is hash(UUID.int)
 

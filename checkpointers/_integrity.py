@@ -37,10 +37,11 @@ no-op.
 >>> p = Partition("alice", "items", "runs")
 >>> put = seal.put(p, "i/_k", b"v", etag="e1", tags={"kind": "plan"})
 >>> _ = seal.check(p, _as_record(put), "k")          # passes
->>> seal.check(Partition("bob", "items", "runs"), _as_record(put), "k")
+>>> seal.check(Partition("bob", "items", "runs"), _as_record(put), "k")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-checkpointers.errors.CorruptItemError: stored item 'k' is corrupt: its seal does not match its place (user, space, partition, name), its tags or its value: the record was copied, moved or damaged
+checkpointers.errors.CorruptItemError: stored item 'k' is corrupt: its seal does not match its place
+(user, space, partition, name), its tags or its value: the record was copied, moved or damaged
 """
 
 from __future__ import annotations
@@ -119,7 +120,15 @@ class Integrity:
     @staticmethod
     def _message(p: Partition, name: str, tags: Mapping[str, str], sha: str) -> bytes:
         return b"".join(
-            (_DOMAIN, _field(p.user), _field(p.space), _field(p.name), _field(name), _field(tags_json(tags)), sha.encode())
+            (
+                _DOMAIN,
+                _field(p.user),
+                _field(p.space),
+                _field(p.name),
+                _field(name),
+                _field(tags_json(tags)),
+                sha.encode(),
+            )
         )
 
     def seal(self, p: Partition, name: str, tags: Mapping[str, str], sha: str) -> str:

@@ -755,7 +755,9 @@ class SaverFlows:
         payload = self._load(p, label, rec)
         try:
             if "w" not in payload:  # written by 0.1: one write per record
-                return [(payload["task_path"], payload["task_id"], payload["idx"], payload["channel"], payload["value"])]
+                return [
+                    (payload["task_path"], payload["task_id"], payload["idx"], payload["channel"], payload["value"])
+                ]
             return [(payload["task_path"], payload["task_id"], idx, ch, value) for idx, ch, value in payload["w"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
@@ -812,7 +814,7 @@ class SaverFlows:
         results = (yield Parallel(tuple(ops))) if ops else []
         values: dict[str, Any] = {}
         if digests:
-            for d, rec in zip(digests, results[-1]):
+            for d, rec in zip(digests, results[-1], strict=True):
                 if rec is None:
                     raise CorruptItemError(_blob_name(d), f"blob referenced by a checkpoint of {where} is missing")
                 if content_digest(rec.digest) != d:
@@ -1055,9 +1057,9 @@ class SaverFlows:
             probes: list[tuple[int, str | None]] = [(i, None) for i in range(len(parts))] if ns is None else []
             while probes:  # one namespace per step and thread: the highest one below the last
                 queries = [self._list_query(names_only, stop, 1) for _, stop in probes]
-                got = yield Parallel(tuple(ListOp(parts[i], q) for (i, _), q in zip(probes, queries)))
+                got = yield Parallel(tuple(ListOp(parts[i], q) for (i, _), q in zip(probes, queries, strict=True)))
                 nxt: list[tuple[int, str | None]] = []
-                for (i, _), recs in zip(probes, got):
+                for (i, _), recs in zip(probes, got, strict=True):
                     if recs:
                         head = recs[0].name[: recs[0].name.index("/", len(_CKPT)) + 1]
                         heads[i].append(head)
@@ -1065,8 +1067,8 @@ class SaverFlows:
                 probes = nxt
             wanted = [(i, [h + enc(cid) for h in hs]) for i, hs in heads.items() if hs]
             got = (yield Parallel(tuple(GetOp(parts[i], names) for i, names in wanted))) if wanted else ()
-            for (i, names), recs in zip(wanted, got):
-                for name, rec in zip(names, recs):
+            for (i, names), recs in zip(wanted, got, strict=True):
+                for name, rec in zip(names, recs, strict=True):
                     if rec is not None:
                         s = self._stored(parts[i], rec)
                         if keep(s):
@@ -1079,9 +1081,9 @@ class SaverFlows:
             ]
             while walks:
                 queries = [self._list_query(walk, stop, asked) for _, walk, _, stop, asked in walks]
-                results = yield Parallel(tuple(ListOp(parts[w[0]], q) for w, q in zip(walks, queries)))
+                results = yield Parallel(tuple(ListOp(parts[w[0]], q) for w, q in zip(walks, queries, strict=True)))
                 steps: list[tuple[int, ListQuery, bool, int | None, int, tuple[str, str] | None]] = []
-                for (i, walk, sifted, _, asked), q, recs in zip(walks, queries, results):
+                for (i, walk, sifted, _, asked), q, recs in zip(walks, queries, results, strict=True):
                     kids = _children_by_pick(recs, q)
                     picks, last = 0, None
                     for rec in recs:
@@ -1110,7 +1112,7 @@ class SaverFlows:
             mine = known.get(i, {})
             listed = {s.name: mine[s.name] for s in group if s.name in mine}
             hydrated = yield from self._hydrate(parts[i], group, listed)
-            for s, f in zip(group, hydrated):
+            for s, f in zip(group, hydrated, strict=True):
                 loaded[(i, s.name)] = f
         return [loaded[(i, s.name)] for i, s in picked]
 

@@ -43,10 +43,12 @@ never the legacy ``json`` frames (this library never wrote them).
 >>> import ormsgpack
 >>> from langgraph.checkpoint.serde.jsonplus import EXT_CONSTRUCTOR_SINGLE_ARG
 >>> evil = ormsgpack.packb(ormsgpack.Ext(EXT_CONSTRUCTOR_SINGLE_ARG, ormsgpack.packb(["os", "system", "true"])))
->>> SafeSerializer().loads_typed(("msgpack", evil))
+>>> SafeSerializer().loads_typed(("msgpack", evil))  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-checkpointers.errors.DisallowedTypeError: stored item '<value>' names type os.system, which is not in the decoding allowlist; it was not imported. If it is a type of yours, pass allowed_msgpack_modules=[('os', 'system')] to the checkpointer
+checkpointers.errors.DisallowedTypeError: stored item '<value>' names type os.system, which is not in the decoding
+allowlist; it was not imported. If it is a type of yours, pass allowed_msgpack_modules=[('os', 'system')] to the
+checkpointer
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ _DATA_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_DELTA_SNAPSHOT", "EXT_NUMPY_ARRAY") if hasattr(_jsonplus, n)
 )
 _READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
-_PYDANTIC_EXTS = frozenset(getattr(_jsonplus, n) for n in ("EXT_PYDANTIC_V1", "EXT_PYDANTIC_V2") if hasattr(_jsonplus, n))
+_PYDANTIC_EXTS = frozenset(
+    getattr(_jsonplus, n) for n in ("EXT_PYDANTIC_V1", "EXT_PYDANTIC_V2") if hasattr(_jsonplus, n)
+)
 
 
 def _normalize(allowed: AllowedTypes | None) -> frozenset[tuple[str, str]]:

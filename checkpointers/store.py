@@ -220,7 +220,11 @@ class Batch:
             self._put_labels + self._delete_labels,
         )
         integrity = self._store.integrity
-        self.items = [_to_item(integrity, self._partition, self.scope, k, r) for k, r in zip(self._put_labels, records)]
+        # records[i] is the stored record of puts[i] (WriteResult), one per put label
+        self.items = [
+            _to_item(integrity, self._partition, self.scope, k, r)
+            for k, r in zip(self._put_labels, records, strict=True)
+        ]
         return self.items
 
     def __enter__(self) -> Batch:

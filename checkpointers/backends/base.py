@@ -384,7 +384,7 @@ class Backend(ABC):
         """Async :meth:`many`; the default runs them concurrently (``asyncio.gather``)."""
         return list(await asyncio.gather(*(op.acall(self) for op in ops)))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op default on purpose: only backends holding connections override it
         """Release connections (idempotent)."""
 
     async def aclose(self) -> None:

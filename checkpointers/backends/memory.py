@@ -62,7 +62,7 @@ class _Part:
             # Consumed under the backend lock (see ``list``): no copy needed.
             yield from (reversed(self.records.values()) if query.descending else self.records.values())
             return
-        lo, hi = query.prefix, None
+        lo = query.prefix
         if query.start is not None and str(query.start) > lo:
             lo = str(query.start)
         i = bisect.bisect_left(self.names, lo)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from .._names import Partition
 from .base import Backend, Delete, ListQuery, Put, Record, WriteResult
@@ -122,6 +122,6 @@ class Parallel:
 
 
 #: An operation a backend runs by itself (what a :class:`Parallel` holds).
-SingleOp = Union[GetOp, WriteOp, ListOp, PartitionsOp, DropOp]
+SingleOp = GetOp | WriteOp | ListOp | PartitionsOp | DropOp
 #: Anything a flow may yield.
-Op = Union[GetOp, WriteOp, ListOp, PartitionsOp, DropOp, Parallel]
+Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp | Parallel

@@ -429,7 +429,9 @@ def _evil_payloads(command: str) -> dict[str, Callable[[str], dict[str, bytes]]]
     single = ext(jsonplus.EXT_CONSTRUCTOR_SINGLE_ARG, "os", "system", command)
     exts = {
         "msgpack constructor ext naming os.system": single,
-        "msgpack kwargs ext naming os.system": ext(jsonplus.EXT_CONSTRUCTOR_KW_ARGS, "os", "system", {"command": command}),
+        "msgpack kwargs ext naming os.system": ext(
+            jsonplus.EXT_CONSTRUCTOR_KW_ARGS, "os", "system", {"command": command}
+        ),
         "msgpack method ext naming os.system": ext(jsonplus.EXT_METHOD_SINGLE_ARG, "os", "system", command, "__call__"),
         "os.system ext inside an allowed type (deque)": ext(
             jsonplus.EXT_CONSTRUCTOR_POS_ARGS, "collections", "deque", [[single]]
@@ -537,7 +539,9 @@ async def check_langgraph_crafted_checkpoint_never_runs_code(saver_for: SaverFor
                     except CorruptItemError:
                         pass
                     except Exception as exc:
-                        raise AssertionError(f"{case}: raised {type(exc).__name__}: {exc}, not CorruptItemError") from exc
+                        raise AssertionError(
+                            f"{case}: raised {type(exc).__name__}: {exc}, not CorruptItemError"
+                        ) from exc
                     else:
                         ran = "; the payload ran os.system" if marker.exists() else ""
                         raise AssertionError(f"{case}: returned {got!r:.200} instead of raising CorruptItemError{ran}")

@@ -252,11 +252,17 @@ async def check_concurrent_if_match_threads(api: Api) -> None:
         except ConcurrencyError as exc:
             out.append(exc)
 
+    def start_then_join(threads: list[threading.Thread]) -> None:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
     for r in range(rounds):
         base = store.set_item("s", "counter", -1)
         out: list[Any] = []
         threads = [threading.Thread(target=writer, args=(2 * r + i, base.etag, out)) for i in (0, 1)]
-        await asyncio.to_thread(lambda: [t.start() for t in threads] and [t.join() for t in threads])
+        await asyncio.to_thread(start_then_join, threads)
         wins = [o for o in out if not isinstance(o, BaseException)]
         assert len(wins) == 1 and len(out) == 2, f"round {r}: two threads with one etag -> {out}"
         assert store.get_item("s", "counter").value == wins[0].value, f"round {r}: loser's value stored"
@@ -417,7 +423,9 @@ async def check_backend_list_depth_and_children(backend: Backend) -> None:
     got = await backend.alist(p, ListQuery(prefix="c/", depth=1, children=True, tags={"n": "1"}))
     assert names(got) == ["c/x/1", "c/x/1/t/0", "c/y/1", "c/y/1/t/0"], names(got)
     assert [r.value for r in got] == [n.encode() for n in names(got)]
-    got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0, order="seq", descending=True, limit=2, children=True))
+    got = await backend.alist(
+        p, ListQuery(prefix="c/x/", depth=0, order="seq", descending=True, limit=2, children=True)
+    )
     assert names(got) == ["c/x/3", "c/x/2a"], names(got)
     got = await backend.alist(p, ListQuery(prefix="c/x/", depth=0, order="seq", limit=1, children=True))
     assert names(got) == ["c/x/1", "c/x/1/t/0"], names(got)

@@ -49,7 +49,7 @@ async def check_users_never_meet_through_items(api: Api) -> None:
     users = [f"{u}" for u in HOSTILE_IDS]
     views = {u: api.for_user(u + tag) if u else api.for_user(tag) for u in users}
     # Distinct users by construction: suffix the tag so runs never share state.
-    for i, (u, view) in enumerate(views.items()):
+    for i, view in enumerate(views.values()):
         await view.set("shared/scope", "k", {"owner": i})
         await view.step("shared/scope", "1", {"owner": i})
     for i, (u, view) in enumerate(views.items()):

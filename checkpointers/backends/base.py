@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import builtins
 import enum
 import queue
 import threading
@@ -343,7 +344,7 @@ class Backend(ABC):
         """Return the records of ``partition`` that ``query`` selects, ordered."""
 
     @abstractmethod
-    def partitions(self, user: str, space: str) -> list[str]:
+    def partitions(self, user: str, space: str) -> builtins.list[str]:
         """Return the names of the non-empty partitions of ``user`` in ``space``."""
 
     @abstractmethod
@@ -351,7 +352,7 @@ class Backend(ABC):
         """Delete every record of ``partition``; return how many were deleted."""
 
     @abstractmethod
-    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+    async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         """Async :meth:`get`."""
 
     @abstractmethod
@@ -361,18 +362,18 @@ class Backend(ABC):
         """Async :meth:`write`."""
 
     @abstractmethod
-    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+    async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         """Async :meth:`list`."""
 
     @abstractmethod
-    async def apartitions(self, user: str, space: str) -> list[str]:
+    async def apartitions(self, user: str, space: str) -> builtins.list[str]:
         """Async :meth:`partitions`."""
 
     @abstractmethod
     async def adrop(self, partition: Partition) -> int:
         """Async :meth:`drop`."""
 
-    def many(self, ops: Sequence[Any]) -> list[Any]:
+    def many(self, ops: Sequence[Any]) -> builtins.list[Any]:
         """Run independent operations (the flow ops of :mod:`checkpointers._flows`).
 
         Returns their results in order. The default runs them one by one; a
@@ -380,7 +381,7 @@ class Backend(ABC):
         """
         return [op.call(self) for op in ops]
 
-    async def amany(self, ops: Sequence[Any]) -> list[Any]:
+    async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
         """Async :meth:`many`; the default runs them concurrently (``asyncio.gather``)."""
         return list(await asyncio.gather(*(op.acall(self) for op in ops)))
 

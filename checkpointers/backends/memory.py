@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import builtins
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
@@ -143,7 +144,7 @@ class MemoryBackend(Backend):
                         break
         return found
 
-    def partitions(self, user: str, space: str) -> list[str]:
+    def partitions(self, user: str, space: str) -> builtins.list[str]:
         probe = Partition(user, space, "")
         with self._lock:
             keys = self._users.get(probe.user_key, ())
@@ -159,7 +160,7 @@ class MemoryBackend(Backend):
         self._data.pop(partition.key, None)
         self._users.get(partition.user_key, set()).discard(partition.key)
 
-    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+    async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return self.get(partition, names)
 
     async def awrite(
@@ -167,10 +168,10 @@ class MemoryBackend(Backend):
     ) -> WriteResult:
         return self.write(partition, puts, deletes)
 
-    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+    async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         return self.list(partition, query)
 
-    async def apartitions(self, user: str, space: str) -> list[str]:
+    async def apartitions(self, user: str, space: str) -> builtins.list[str]:
         return self.partitions(user, space)
 
     async def adrop(self, partition: Partition) -> int:

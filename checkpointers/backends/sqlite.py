@@ -137,6 +137,7 @@ non-integer is never counted up from nor copied into ``seq_counter``.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import os
@@ -1235,13 +1236,13 @@ class SqliteBackend(Backend):
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         return self._run(_list, partition.key, query)
 
-    def partitions(self, user: str, space: str) -> list[str]:
+    def partitions(self, user: str, space: str) -> builtins.list[str]:
         return self._run(_partitions, user, space)
 
     def drop(self, partition: Partition) -> int:
         return self._run_write(_drop, partition.key)
 
-    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+    async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return await self._offload.run(self.get, partition, names)
 
     async def awrite(
@@ -1249,10 +1250,10 @@ class SqliteBackend(Backend):
     ) -> WriteResult:
         return await self._offload.run(self.write, partition, puts, deletes)
 
-    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+    async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         return await self._offload.run(self.list, partition, query)
 
-    async def apartitions(self, user: str, space: str) -> list[str]:
+    async def apartitions(self, user: str, space: str) -> builtins.list[str]:
         return await self._offload.run(self.partitions, user, space)
 
     async def adrop(self, partition: Partition) -> int:

@@ -8,6 +8,7 @@ failing case on a violation.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import threading
 import uuid
 from collections.abc import Callable
@@ -83,7 +84,7 @@ class Api:
     async def step(self, *a: Any, **k: Any) -> Any:
         return await self.call("append_step", *a, **k)
 
-    async def snapshot(self, scope: str) -> list[tuple[str, Any, str]]:
+    async def snapshot(self, scope: str) -> builtins.list[tuple[str, Any, str]]:
         """Everything in ``scope``, for before/after comparisons."""
         return sorted((i.key, repr(i.value), i.etag) for i in await self.list(scope))
 

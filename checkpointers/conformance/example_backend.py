@@ -13,6 +13,7 @@ Run the suite against it::
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import sqlite3
 import threading
@@ -121,7 +122,7 @@ class ExampleBackend(Backend):
         found = with_children(query, found, records)  # each pick's "<name>/..." records after it
         return found if query.values else [replace(r, value=b"") for r in found]
 
-    def partitions(self, user: str, space: str) -> list[str]:
+    def partitions(self, user: str, space: str) -> builtins.list[str]:
         prefix = Partition(user, space, "").user_key  # ends with "/": alice/ never matches alice2/
         with self._lock:
             rows = self._db.execute(
@@ -137,7 +138,7 @@ class ExampleBackend(Backend):
         self._db.close()
 
     # Async: the same calls on a worker thread (aiosqlite does no more than this).
-    async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+    async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return await asyncio.to_thread(self.get, partition, names)
 
     async def awrite(
@@ -145,10 +146,10 @@ class ExampleBackend(Backend):
     ) -> WriteResult:
         return await asyncio.to_thread(self.write, partition, puts, deletes)
 
-    async def alist(self, partition: Partition, query: ListQuery) -> list[Record]:
+    async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         return await asyncio.to_thread(self.list, partition, query)
 
-    async def apartitions(self, user: str, space: str) -> list[str]:
+    async def apartitions(self, user: str, space: str) -> builtins.list[str]:
         return await asyncio.to_thread(self.partitions, user, space)
 
     async def adrop(self, partition: Partition) -> int:

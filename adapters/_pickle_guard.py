@@ -43,7 +43,8 @@ from agent_framework._workflows._checkpoint_encoding import (
 
 #: The framework's own module prefixes (a tuple from 1.20; one string before).
 _FRAMEWORK_MODULE_PREFIXES: tuple[str, ...] = tuple(
-    getattr(_encoding, "_FRAMEWORK_MODULE_PREFIXES", None) or (_encoding._FRAMEWORK_MODULE_PREFIX,)
+    # _FRAMEWORK_MODULE_PREFIX exists only before 1.20: the installed (newer) framework does not define it
+    getattr(_encoding, "_FRAMEWORK_MODULE_PREFIXES", None) or (_encoding._FRAMEWORK_MODULE_PREFIX,)  # type: ignore[attr-defined]
 )
 
 

@@ -56,9 +56,9 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     PendingWrite,
-    SerializerProtocol,
     writes_sort_key,
 )
+from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ._flows import (
     Flow,

@@ -215,7 +215,7 @@ class SafeSerializer(JsonPlusSerializer):
     def with_msgpack_allowlist(self, extra_allowlist: Iterable[tuple[str, ...] | type]) -> SafeSerializer:
         """A copy that also allows ``extra_allowlist`` (LangGraph calls this for graph state types)."""
         extra = [e for e in extra_allowlist if isinstance(e, type) or len(e) == 2]
-        merged = self.allowed_types | _normalize(extra)  # type: ignore[arg-type]
+        merged = self.allowed_types | _normalize(extra)
         return self if merged == self.allowed_types else SafeSerializer(merged, strict=self.strict)
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:

@@ -52,9 +52,9 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    SerializerProtocol,
     get_checkpoint_metadata,
 )
+from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ._flows import DropOp, Flow, arun, run
 from ._integrity import Integrity, IntegrityKeys

@@ -147,7 +147,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from .._names import Partition, encode_component
@@ -286,7 +286,7 @@ class translate_errors:  # noqa: N801 - used as a function: ``with translate_err
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None or not isinstance(exc, _DRIVER_ERRORS):
             return False
         path = str(self.path)
@@ -403,7 +403,7 @@ def _damaged(row: Sequence[Any]) -> CorruptItemError:
     wrong = [
         f"{column} is {_shown(cell)}, not {what}"
         for (column, kind, what), cell in zip(_SHAPES, row, strict=False)
-        if type(cell) is not kind or (column == "tags" and not _tags_ok(cell))
+        if type(cell) is not kind or (column == "tags" and not (isinstance(cell, str) and _tags_ok(cell)))
     ]
     return CorruptItemError(key, "the SQLite row is damaged: " + "; ".join(wrong or ["it does not decode"]))
 
@@ -498,7 +498,7 @@ class _transaction:  # noqa: N801 - used as a function: ``with _transaction(conn
     def __enter__(self) -> None:
         self.conn.execute(self.begin)
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         conn = self.conn
         if exc is None:
             if conn.in_transaction:
@@ -1086,10 +1086,9 @@ def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
             name = None
         # ``Partition.key`` is ``user_key + encode_component(name)``, spelled out here
         # (a Partition per row made the listing 5x slower); the property decides if not
-        intact = name is not None and (
+        if name is None or not (
             pkey == user_key + encode_component(name) or Partition(user, space, name).key == pkey
-        )
-        if not intact:
+        ):
             raise CorruptItemError(
                 str(pkey),
                 f"the SQLite partitions row is damaged: its name column ({_shown(raw)}) "
@@ -1335,7 +1334,9 @@ class SqliteBackend(Backend):
         if self._closed:
             raise self._closed_error()
         with translate_errors(self.path):
-            return _retrying(self.timeout, self._on_writer, fn, *args)
+            # annotated: mypy does not carry T through the generic method passed as a callable
+            result: T = _retrying(self.timeout, self._on_writer, fn, *args)
+            return result
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
         with self._lock:

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
+from .backends.sqlite import SqliteBackend
 from .savers import Checkpointer
 
 __all__ = ["Outbox", "countdown_graph", "main", "run_child", "run_demo"]
@@ -162,7 +163,7 @@ def _open(store: str) -> Checkpointer:
     return Checkpointer.from_url(store).for_user(DEMO_USER)
 
 
-def _config(thread_id: str, start: int) -> dict[str, Any]:
+def _config(thread_id: str, start: int) -> RunnableConfig:
     # Two supersteps per number, plus slack: the default limit (25) is too low.
     return {"configurable": {"thread_id": thread_id}, "recursion_limit": 2 * start + 10}
 
@@ -198,8 +199,8 @@ def _file_bytes(path: str | None) -> str | None:
     """``"<n> bytes (<file> <n> + <file>-wal <n>)"`` for a SQLite file, else ``None``."""
     if path is None:
         return None
-    path = Path(path)
-    sizes = {p.name: p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists()}
+    db = Path(path)
+    sizes = {p.name: p.stat().st_size for p in (db, Path(f"{db}-wal")) if p.exists()}
     detail = " + ".join(f"{name} {size:,}" for name, size in sizes.items())
     return f"{sum(sizes.values()):,} bytes ({detail})"
 
@@ -269,7 +270,7 @@ def _crash_and_resume(store: str, workdir: Path, crash_at: int, start: int) -> _
         outputs: list[int] = state.get("outputs", [])
         checkpoints = len(list(saver.list(config)))
         rows, attempts, runs = outbox.rows(), outbox.attempts(), outbox.runs()
-        sqlite_path = saver.backend.path if saver.backend.kind == "sqlite" else None
+        sqlite_path = saver.backend.path if isinstance(saver.backend, SqliteBackend) else None
     finally:
         outbox.close()
         saver.close()

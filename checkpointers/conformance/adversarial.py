@@ -144,6 +144,7 @@ class _Raw:
         return list(await self._call("list", p, ListQuery(prefix=prefix)))
 
     async def one(self, p: Partition, name: str) -> Record:
+        record: Record | None
         (record,) = await self._call("get", p, [name])
         assert record is not None, f"the record {name!r} just written is not in {p}"
         return record

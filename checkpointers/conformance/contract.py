@@ -266,7 +266,8 @@ async def check_concurrent_if_match_threads(api: Api) -> None:
         await asyncio.to_thread(start_then_join, threads)
         wins = [o for o in out if not isinstance(o, BaseException)]
         assert len(wins) == 1 and len(out) == 2, f"round {r}: two threads with one etag -> {out}"
-        assert store.get_item("s", "counter").value == wins[0].value, f"round {r}: loser's value stored"
+        stored = store.get_item("s", "counter")
+        assert stored is not None and stored.value == wins[0].value, f"round {r}: loser's value stored"
 
 
 async def check_atomic_visibility(api: Api) -> None:

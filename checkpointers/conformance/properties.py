@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -86,7 +86,7 @@ def property_settings(*, pure: bool = False, deep: bool | None = None) -> settin
 
 
 async def run_property(
-    body: Callable[..., Awaitable[None]],
+    body: Callable[..., Coroutine[Any, Any, None]],
     strategies: dict[str, st.SearchStrategy[Any]],
     *,
     pure: bool = False,

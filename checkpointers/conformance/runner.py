@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,9 +113,9 @@ class Report:
                     lines.append(f"    {mark} {r.name} [{r.mode}]")
                     if r.detail:
                         lines.append("         " + r.detail.strip().replace("\n", "\n         "))
-        failed, na = len(self.failed), len(self.skipped)
-        tail = f", {na} checks not applicable" if na else ""
-        lines += ["", f"{len(self.results) - failed - na} passed, {failed} failed, "
+        failed, skipped = len(self.failed), len(self.skipped)
+        tail = f", {skipped} checks not applicable" if skipped else ""
+        lines += ["", f"{len(self.results) - failed - skipped} passed, {failed} failed, "
                   f"{len(self.not_applicable)} groups not applicable{tail}"]
         return "\n".join(lines)
 
@@ -230,6 +230,9 @@ async def run_suite(
 
     report = Report(target or "(factories)")
     plan: list[tuple[str, Callable[..., Awaitable[Any]], str, Callable[[], Any]]] = []
+    # the check lists take a Backend, an Api, a saver or a storage factory: one loop variable for all
+    check: Callable[..., Awaitable[Any]]
+    checks: Sequence[Callable[..., Awaitable[Any]]]
     if backend_factory is None:
         for group in ("contract", "isolation", "backend"):
             report.not_applicable[group] = "needs a Backend (give a URL or a Backend factory)"

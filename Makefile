@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-deep test-lowest langgraph-suite bench bench-quick clean
+.PHONY: demo test lint test-deep test-lowest langgraph-suite bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Lint gate (.ci/run runs it after `make test`): ruff and strict mypy, their
+# settings in pyproject.toml, their versions pinned in the test extra.
+lint: $(STAMP)
+	$(PY) -m ruff check checkpointers adapters
+	$(PY) -m mypy checkpointers adapters
 
 test-deep: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --deep

@@ -148,7 +148,10 @@ def counting_redis_round_trips() -> Iterator[RequestCounter]:
     is counted where redis-py writes a request, ``send_packed_command`` (one
     call = one request written = one round trip; a pipeline or MULTI/EXEC
     block is one), except while one of our operations runs: those are
-    already in the backend's counter.
+    already in the backend's counter. So the handshake of a connection opened
+    meanwhile (``HELLO``, ``CLIENT SETINFO``: a graph run's background threads
+    open some) counts for the other clients, not for ours, which counts the
+    round trips of its operations only.
     """
     import redis.asyncio.connection as aconn
     import redis.connection as sconn
@@ -157,7 +160,7 @@ def counting_redis_round_trips() -> Iterator[RequestCounter]:
 
     inside_ours: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_ours", default=False)
     ours = _OurRoundTrips()
-    sync_orig = sconn.AbstractConnection.send_packed_command
+    sync_orig: Any = sconn.AbstractConnection.send_packed_command
     async_orig = aconn.AbstractConnection.send_packed_command
 
     def sync_send(self: Any, command: Any, check_health: bool = True) -> Any:

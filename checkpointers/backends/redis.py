@@ -70,7 +70,7 @@ _SEQ_DIGITS = 16
 #: How many partitions a backend remembers having filled (then it starts over).
 _FILLED_MAX = 10_000
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def _lua(*names: str) -> Script:
@@ -363,18 +363,18 @@ def _applied_before(
 # --------------------------------------------------------------------------
 
 
-class _OnLink(Generic[T]):
+class _OnLink(Generic[_T]):
     """An attribute of the backend kept on its :class:`~._redis_transport.Link`, read and set there."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, backend: RedisBackend | None, owner: type | None = None) -> T:
+    def __get__(self, backend: RedisBackend | None, owner: type | None = None) -> _T:
         if backend is None:  # the class's attribute: this descriptor
             return self  # type: ignore[return-value]
         return getattr(backend._link, self.name)  # type: ignore[no-any-return]
 
-    def __set__(self, backend: RedisBackend, value: T) -> None:
+    def __set__(self, backend: RedisBackend, value: _T) -> None:
         setattr(backend._link, self.name, value)
 
 

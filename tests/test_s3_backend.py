@@ -22,16 +22,8 @@ from botocore.awsrequest import AWSResponse
 from checkpointers._flows import make_put, new_etag
 from checkpointers._names import Partition
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put
-from checkpointers.backends.s3 import (
-    _MAGIC,
-    _TX_MAGIC,
-    ConditionalWritesUnsupportedError,
-    S3Backend,
-    _invert,
-    _record_body,
-    _tombstone,
-    translate_errors,
-)
+from checkpointers.backends._s3_objects import _MAGIC, _TX_MAGIC, Op, record_body, redo_manifest, tombstone
+from checkpointers.backends.s3 import ConditionalWritesUnsupportedError, S3Backend, _invert, translate_errors
 from checkpointers.errors import BackendUnavailableError, CorruptItemError
 from tests.plugins.s3_plugin import BUCKET, REGION
 
@@ -374,7 +366,7 @@ def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
     want = ["c/x/00199", "c/x/00199/t/0", "c/x/00199/u/-1"]
     assert [r.name for r in got] == want and [r.value for r in got] == [n.encode() for n in want]
     assert cost == {"ListObjectsV2": 1, "GetObject": 3}
-    assert sorted(fetched) == sorted(s3._rkey(p.key, n)[len(s3.root) :] for n in want)
+    assert sorted(fetched) == sorted(s3._layout(p.key).record(n)[len(s3.root) :] for n in want)
 
     # The second newest, its subtree cut by `stop`: still complete (the
     # subtree is listed on its own), and values=False applies to children.
@@ -715,7 +707,7 @@ def _objects(backend: S3Backend) -> dict[str, bytes]:
 
 
 def _damage_record(backend: S3Backend, p: Partition, name: str, damage: Damage) -> bytes:
-    key = backend._rkey(p.key, name)
+    key = backend._layout(p.key).record(name)
     good = backend.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     n = int.from_bytes(good[4:8], "big")
     bad = damage(json.loads(good[8 : 8 + n]), good[8 + n :])
@@ -784,7 +776,7 @@ def test_a_damaged_record_is_corrupt_on_every_read_path(s3_backend: S3Backend, d
     finally:
         fresh.close()
     assert _objects(s3) == before, "a read or recover changed the stored objects"
-    assert before[s3._rkey(p.key, DAMAGED)[len(s3.root) :]] == bad
+    assert before[s3._layout(p.key).record(DAMAGED)[len(s3.root) :]] == bad
     # The damage stays contained: the other records read as before.
     assert s3.get(p, ["a/y", "c/x/1"]) == good
     assert s3.list(p, ListQuery(prefix="a/")) == good[:1]
@@ -807,7 +799,7 @@ def test_stray_keys_are_corrupt_not_another_record(s3_backend: S3Backend) -> Non
     s3 = s3_backend
     p = Partition("u", "items", "s")
     _records(s3, p)
-    body = s3.client.get_object(Bucket=BUCKET, Key=s3._rkey(p.key, "c/x/1"))["Body"].read()
+    body = s3.client.get_object(Bucket=BUCKET, Key=s3._layout(p.key).record("c/x/1"))["Body"].read()
     paths = _read_paths(p)
     listings = {  # the name listings that reach the stray keys
         k: v for k, v in paths.items() if k.startswith("list") and not any(w in k for w in ("indexed", "prefix", "range"))
@@ -815,12 +807,12 @@ def test_stray_keys_are_corrupt_not_another_record(s3_backend: S3Backend) -> Non
     # Without the checks the first was read as "c/x/1" a second time (its last character
     # taken for the "~"), the others raised ValueError.
     for tail in (_invert("c/x/1") + "q", _invert(DAMAGED) + "~x", _invert(DAMAGED) + "é~"):
-        key = s3._rprefix(p.key) + tail
+        key = s3._layout(p.key).records + tail
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=body)
         _assert_corrupt(s3, {**listings, "recover": paths["recover"]}, f"r/{tail}")
         assert s3.get(p, ["c/x/1"])[0] is not None  # reads by name never meet it
         s3.client.delete_object(Bucket=BUCKET, Key=key)
-    base = s3._tprefix(p.key, "workflow", "w")[len(s3.root) :]
+    base = s3._layout(p.key).tag("workflow", "w")[len(s3.root) :]
     indexed = {k: v for k, v in paths.items() if "indexed" in k and "latest" not in k}  # latest: stops before
     for stray, reads in (
         (base + "notaseq/c/x/1", {**indexed, "recover": paths["recover"]}),
@@ -851,7 +843,7 @@ def test_a_damaged_partition_name_is_corrupt(s3_backend: S3Backend) -> None:
     assert s3.partitions("u", "items") == sorted([long_name, other])
     # A prefix that is no partition's encoding (upper/lower-case escape) holding a record.
     stray = Partition("u", "items", "a/b").key.replace("%2F", "%2f")
-    record = s3.client.get_object(Bucket=BUCKET, Key=s3._rkey(q.key, "k"))["Body"].read()
+    record = s3.client.get_object(Bucket=BUCKET, Key=s3._layout(q.key).record("k"))["Body"].read()
     s3.client.put_object(Bucket=BUCKET, Key=f"{s3.root}{stray}/r/{_invert('k')}~", Body=record)
     _assert_corrupt(s3, {"partitions": ("partitions", ("u", "items"))}, stray.rsplit("/", 1)[1])
 
@@ -862,13 +854,15 @@ def test_a_damaged_partition_name_is_corrupt(s3_backend: S3Backend) -> None:
 def _pending_classic(s3: S3Backend, p: Partition, tx: str) -> tuple[bytes, list[Put]]:
     """A classic batch over a, b (puts) and c (delete) that crashed after its first record landed."""
     s3.write(p, [make_put(n, b"old") for n in ("a", "b", "c")])
-    current = {n: s3._get_obj(s3._rkey(p.key, n)) for n in ("a", "b", "c")}
+    keys = s3._layout(p.key)
+    current = {n: s3._bucket.get(keys.record(n)) for n in ("a", "b", "c")}
+    etags = {n: got.etag for n, got in current.items() if got is not None}
     puts = [make_put(n, b"new") for n in ("a", "b")]
-    ops = [(put.name, current[put.name][1], _record_body(put, 10**15 + i, tx), False) for i, put in enumerate(puts)]
-    ops.append(("c", current["c"][1], _tombstone(tx), True))
-    manifest = S3Backend._manifest(ops)
-    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, tx), Body=manifest)
-    s3.client.put_object(Bucket=BUCKET, Key=s3._rkey(p.key, "a"), Body=ops[0][2])
+    ops = [Op(put.name, etags[put.name], record_body(put, 10**15 + i, tx), False) for i, put in enumerate(puts)]
+    ops.append(Op("c", etags["c"], tombstone(tx), True))
+    manifest = redo_manifest(ops)
+    s3.client.put_object(Bucket=BUCKET, Key=keys.manifest(tx), Body=manifest)
+    s3.client.put_object(Bucket=BUCKET, Key=keys.record("a"), Body=ops[0].body)
     return manifest, puts
 
 
@@ -945,7 +939,7 @@ def test_a_damaged_manifest_is_corrupt_and_nothing_is_rolled_or_deleted(s3_backe
     manifest, _ = _pending_classic(s3, p, _TX)
     damaged = _manifest_damage(manifest, _TX)
     assert sorted(damaged) == sorted(_MANIFEST_DAMAGE)
-    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=damaged[damage])
+    s3.client.put_object(Bucket=BUCKET, Key=s3._layout(p.key).manifest(_TX), Body=damaged[damage])
     before = _objects(s3)
     fresh = S3Backend(BUCKET, s3.root, client=s3.client, lease=0.0)  # a new process, the batch long expired
     try:
@@ -977,8 +971,8 @@ def test_a_damaged_optimistic_manifest_is_corrupt_and_nothing_is_deleted(s3_back
     p = Partition("u", "langgraph", "t")
     s3.write(p, [make_put("w/old", b"o", mode=Mode.APPEND)])
     puts = [make_put(f"w/{i}", b"v", mode=Mode.APPEND) for i in range(2)]
-    pending = _record_body(puts[0], 10**15, _TX, optimistic=True)
-    s3.client.put_object(Bucket=BUCKET, Key=s3._rkey(p.key, puts[0].name), Body=pending)
+    pending = record_body(puts[0], 10**15, _TX, optimistic=True)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._layout(p.key).record(puts[0].name), Body=pending)
     good = _TX_MAGIC + json.dumps({"o": 1, "n": [put.name for put in puts]}).encode()
     for bad in (
         b"",
@@ -991,7 +985,7 @@ def test_a_damaged_optimistic_manifest_is_corrupt_and_nothing_is_deleted(s3_back
         _TX_MAGIC + b'["o","n"]',
         _TX_MAGIC + b'{"o":1,"n":["../../x"]}',
     ):
-        s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=bad)
+        s3.client.put_object(Bucket=BUCKET, Key=s3._layout(p.key).manifest(_TX), Body=bad)
         before = _objects(s3)
         fresh = S3Backend(BUCKET, s3.root, client=s3.client, lease=0.0)
         try:
@@ -1001,7 +995,7 @@ def test_a_damaged_optimistic_manifest_is_corrupt_and_nothing_is_deleted(s3_back
             fresh.close()
         assert _objects(s3) == before, bad
     # Control: the intact manifest of this expired batch is aborted by a reader, its record deleted.
-    s3.client.put_object(Bucket=BUCKET, Key=s3._txkey(p.key, _TX), Body=good)
+    s3.client.put_object(Bucket=BUCKET, Key=s3._layout(p.key).manifest(_TX), Body=good)
     assert s3.get(p, ["w/0", "w/old"])[0] is None
     assert s3.recover(p) == (0, 0)
     assert [k for k in _raw_keys(s3) if "/tx/" in k or _invert("w/0") in k] == []

@@ -937,3 +937,17 @@ def _report_stats() -> Iterator[None]:
                 total[k] = total.get(k, 0) + v
         print(f"\n[s3 batch machine] {len(STATS)} runs: {dict(sorted(total.items()))}")
 
+
+
+def test_batch_ids_do_not_call_uuid4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangGraph's own tests patch ``uuid.uuid4`` (test_root_graph); the protocol draws its ids without it."""
+    import uuid
+
+    def patched() -> uuid.UUID:
+        raise AssertionError("uuid.uuid4 called")
+
+    monkeypatch.setattr(uuid, "uuid4", patched)
+    store = FakeStore()
+    written = Batches(store, where="fake").write(KEYS, [make_put(n, "new") for n in "ab"], [], [1, 2], reseq)
+    assert [r.etag for r in written] == ["new-a", "new-b"]  # type: ignore[union-attr]
+    assert Batches(store, where="fake").write(KEYS, [make_put("a", "u", Mode.UPSERT)], [Delete("b")], [3], reseq)

@@ -63,9 +63,9 @@ from __future__ import annotations
 
 import builtins
 import enum
+import secrets
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -360,7 +360,8 @@ class Batches:
         self.read_timeout = read_timeout
         self._parallel = parallel
         self._clock = clock
-        self._new_id = new_id or (lambda: uuid.uuid4().hex)
+        # Not uuid.uuid4: LangGraph's tests patch it (test_root_graph), and batch ids are drawn in worker threads.
+        self._new_id = new_id or (lambda: secrets.token_hex(16))
         self._trace = trace
         self._lock = threading.Lock()
         self._done: OrderedDict[str, float] = OrderedDict()  # tx id -> when seen complete
@@ -552,7 +553,7 @@ class Batches:
         if metag is None:
             got = self.store.get(key)  # 412 on a retry: did ours land?
             if got is None or got.body != manifest:
-                raise RuntimeError(f"batch id {batch.tx} collided")  # uuid4: does not happen
+                raise RuntimeError(f"batch id {batch.tx} collided")  # 128 random bits: does not happen
             metag = got.etag
         batch.to(BatchState.OPEN)
         return metag
@@ -660,7 +661,7 @@ class Batches:
         if self.store.put_if(key, manifest, absent=True) is None:
             got = self.store.get(key)  # 412 on a retry: did ours land?
             if got is None or got.body != manifest:
-                raise RuntimeError(f"batch id {batch.tx} collided")  # uuid4: does not happen
+                raise RuntimeError(f"batch id {batch.tx} collided")  # 128 random bits: does not happen
         batch.to(BatchState.LOGGED)
 
     def _apply(self, keys: Keys, batch: Batch, ops: Sequence[Op]) -> None:

@@ -1,0 +1,644 @@
+"""A journal of side effects: intent, outcome, and an honest "unknown outcome".
+
+Checkpointing alone does not make an email, a charge or a webhook happen
+once: recovery re-runs the step that was in flight, and the effect in it
+fires again. The journal records, in the step's own partition, an **intent**
+before the effect and its **outcome** after it, so a re-run finds what the
+first attempt left::
+
+    with effect(store, "orders/o-17", "charge") as fx:   # writes the intent
+        if not fx.done:                                  # done: skip the call
+            receipt = payments.charge(card, 100, idempotency_key=fx.key)
+            fx.record(receipt)                           # writes the outcome
+
+One effect is one record, ``fx/<encoded key parts>``, whose states are::
+
+               enter (intent, Mode.CREATE)              record(outcome)
+    ABSENT ------------------------------> INTENT ----------------------> DONE
+                                             |  ^                          |
+                 re-enter: no outcome stored |  | reconcile -> NOT_APPLIED |
+                 UnknownOutcomeError unless  |  | or retry_safe=True:      |
+                 reconcile= / retry_safe     +--+ a new intent (attempt+1) |
+                                             |                             |
+                                             +-- reconcile -> outcome ---->+
+    DONE: re-enter returns the stored outcome (fx.done); the same outcome
+    again is a no-op, a different one StepMismatchError (both digests).
+
+* Entering writes the intent (who: the owner; when: wall-clock ms; the lease
+  token if a lease fences it) with ``Mode.CREATE`` **before** the caller does
+  anything. It takes one backend write; re-entering takes that write (refused)
+  and one read.
+* ``fx.record(outcome)`` rewrites the record to DONE with ``Mode.IF_MATCH`` on
+  the intent's etag: the outcome is written once. Outcomes are bytes or
+  JSON-able values, capped like items (``max_item_bytes``, checked before any
+  write).
+* An exception inside the block leaves the intent and propagates: the next
+  attempt sees "unknown", never "not started". Leaving the block without
+  ``record`` does the same.
+* With a lease (``lease=``), every write of the effect is fenced by it: it
+  commits only while that lease is current, in the same atomic backend batch
+  (see :class:`EffectLease`); a stale holder's intent is refused.
+
+``fx.key`` is the idempotency key to hand to the downstream system: ``fx-``
+and 32 hex digits of a SHA-256 over the user, space, partition and key parts
+(not keyed with the integrity secret, so rotating that key never changes it).
+It is stored in the intent, and the stored one is used afterwards, so a
+copied thread reconciles with the key its first attempt actually sent.
+
+The records live in the partition of their scope or thread under the
+reserved prefix ``fx/``, which no item (``i/``), LangGraph record (``c/``,
+``w/``, ``b/``) or Agent Framework record (``c/``) name can take: deleting,
+copying or expiring the partition treats them with the rest of it, and
+``prune`` (which only touches ``c/``, ``w/`` and ``b/``) keeps them. Every
+record is sealed to its place like any other (:mod:`checkpointers._integrity`):
+a record copied to another key, thread or user is a ``CorruptItemError``.
+
+What the journal cannot know: whether a call whose outcome was not recorded
+happened. That is what ``reconcile=`` asks the downstream system (by
+``fx.key``), and what ``retry_safe=True`` declares harmless (the downstream
+deduplicates on the key). Without a lease, two processes may both be inside
+one effect (the second gets UnknownOutcomeError, or with ``reconcile`` may ask
+while the first is still calling): fence effects that can race with a lease.
+
+>>> from checkpointers import Store
+>>> from checkpointers.backends.memory import MemoryBackend
+>>> store = Store(MemoryBackend()).for_user("alice")
+>>> with effect(store, "runs/r1", "send-email", owner="worker-1") as fx:
+...     fx.done
+...     _ = fx.record({"message_id": "m-1"})
+False
+>>> with effect(store, "runs/r1", "send-email") as fx:   # a re-run skips the call
+...     fx.done, fx.outcome
+(True, {'message_id': 'm-1'})
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import hashlib
+import inspect
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from ._flows import Flow, GetOp, ListOp, arun, digest, new_etag, run, write_flow
+from ._integrity import Integrity
+from ._names import DEFAULT_MAX_ITEM_BYTES, Partition, encode_component, validate_key, validate_scope
+from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record
+from .errors import (
+    CheckpointerError,
+    ConcurrencyError,
+    CorruptItemError,
+    InvalidArgumentError,
+    InvalidNameError,
+    StepMismatchError,
+)
+from .store import decode_value, encode_value
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = [
+    "EFFECT_PREFIX",
+    "NOT_APPLIED",
+    "Effect",
+    "EffectBlock",
+    "EffectInfo",
+    "EffectLease",
+    "EffectState",
+    "Intent",
+    "Journal",
+    "NotApplied",
+    "UnknownOutcomeError",
+    "effect",
+]
+
+#: The reserved name prefix of effect records inside a partition.
+EFFECT_PREFIX = "fx/"
+#: The tag every effect record carries: its state (``intent`` or ``done``).
+STATE_TAG = "fx"
+#: Longest key (all parts, JSON-encoded) an effect may have, in characters.
+MAX_EFFECT_KEY_LENGTH = 1024
+_FORMAT = 1
+_KEY_DOMAIN = b"checkpointers/effect-key/1\x00"
+
+
+class EffectState(enum.Enum):
+    """Where an effect is: nothing stored, an intent without outcome, or done."""
+
+    ABSENT = "absent"
+    INTENT = "intent"
+    DONE = "done"
+
+
+#: The transitions the journal makes, and what makes each.
+TRANSITIONS: dict[tuple[EffectState, EffectState], str] = {
+    (EffectState.ABSENT, EffectState.INTENT): "enter: the intent, Mode.CREATE",
+    (EffectState.INTENT, EffectState.INTENT): "re-enter with reconcile -> NOT_APPLIED or retry_safe: attempt + 1",
+    (EffectState.INTENT, EffectState.DONE): "record(outcome), or reconcile -> outcome",
+}
+
+
+class NotApplied:
+    """The type of :data:`NOT_APPLIED` (a reconcile's "it never happened")."""
+
+    _instance: NotApplied | None = None
+
+    def __new__(cls) -> NotApplied:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_APPLIED"
+
+
+#: What a ``reconcile=`` callable returns when the downstream system never
+#: applied the effect: the effect then proceeds as a new attempt.
+NOT_APPLIED = NotApplied()
+
+
+@dataclass(frozen=True)
+class Intent:
+    """Who announced an effect, when, and under which lease.
+
+    ``at_ms`` is wall-clock milliseconds since the epoch (the writer's clock);
+    ``lease_token`` the fencing token of the lease the write was made under
+    (``None`` without a lease); ``attempt`` counts intents of this effect.
+    """
+
+    key: str
+    owner: str
+    at_ms: int
+    lease_token: int | None
+    attempt: int
+
+    @property
+    def at(self) -> datetime:
+        """``at_ms`` as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc)
+
+
+class UnknownOutcomeError(CheckpointerError):
+    """An effect's intent is stored without an outcome: did the call happen?
+
+    The process that wrote the intent died (or raised) between announcing the
+    effect and recording its outcome, or is still running it. The journal
+    cannot tell whether the downstream system applied it. Ask it by ``key``
+    and pass ``reconcile=`` (a callable returning the outcome, or
+    ``NOT_APPLIED``), or declare the effect ``retry_safe=True`` if the
+    downstream deduplicates on the key.
+    """
+
+    def __init__(self, effect: str, intent: Intent) -> None:
+        self.effect = effect
+        self.intent = intent
+        self.key = intent.key
+        self.owner = intent.owner
+        self.at = intent.at
+        self.lease_token = intent.lease_token
+        lease = "no lease" if intent.lease_token is None else f"lease token {intent.lease_token}"
+        super().__init__(
+            f"{effect}: outcome unknown: attempt {intent.attempt} by {intent.owner!r} announced it at "
+            f"{intent.at.isoformat(timespec='milliseconds')} ({lease}) and recorded no outcome. Ask the "
+            f"downstream system whether key {intent.key!r} was applied and pass reconcile= (returning the "
+            f"outcome, or NOT_APPLIED), or pass retry_safe=True if it deduplicates on that key"
+        )
+
+
+@runtime_checkable
+class EffectLease(Protocol):
+    """What the journal needs of a lease to fence its writes.
+
+    ``owner`` and ``token`` go into the intent; ``fenced_write_flow`` writes
+    one atomic batch in ``partition`` that commits only while the lease is
+    current (checked in the same backend batch), raising the lease's own
+    error (``LeaseLostError``) otherwise and the batch's condition errors
+    (``ConcurrencyError``, ``StepMismatchError``) as :func:`write_flow` does.
+    """
+
+    owner: str
+    token: int
+
+    def fenced_write_flow(
+        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete], labels: Sequence[str]
+    ) -> Flow[list[Record]]:
+        """The fenced form of :func:`checkpointers._flows.write_flow`."""
+        ...
+
+
+@dataclass(frozen=True)
+class EffectInfo:
+    """One effect as stored: its key parts, state, intent and outcome (if done)."""
+
+    name: tuple[str, ...]
+    state: EffectState
+    intent: Intent
+    outcome: Any = None
+    outcome_digest: str | None = None
+    done_at_ms: int | None = None
+    via: str | None = None
+    etag: str = ""
+
+    @property
+    def key(self) -> str:
+        """The idempotency key the effect was announced with."""
+        return self.intent.key
+
+
+#: A ``reconcile=`` callable: the idempotency key in, the outcome or NOT_APPLIED out.
+Reconcile = Callable[[str], Any]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _key_parts(key: str | Sequence[str]) -> tuple[str, ...]:
+    """Check an effect key (a string or a non-empty sequence of strings)."""
+    parts = (key,) if isinstance(key, str) else tuple(key)
+    if not parts or not all(isinstance(p, str) for p in parts):
+        raise InvalidNameError("effect key", key, "must be a string or a non-empty sequence of strings")
+    if any(ord(c) < 32 or ord(c) == 127 for p in parts for c in p):
+        raise InvalidNameError("effect key", key, "must not contain control characters or NUL")
+    size = len(json.dumps(parts, ensure_ascii=False))
+    if size > MAX_EFFECT_KEY_LENGTH:
+        raise InvalidNameError("effect key", key, f"is {size} characters as JSON, over {MAX_EFFECT_KEY_LENGTH}")
+    return parts
+
+
+def record_name(parts: Sequence[str]) -> str:
+    """The record name of an effect: ``fx/`` + its encoded parts, ``/``-joined (injective)."""
+    return EFFECT_PREFIX + "/".join(encode_component(p) for p in parts)
+
+
+def idempotency_key(partition: Partition, parts: Sequence[str]) -> str:
+    """``fx-`` + 128 bits of SHA-256 over (user, space, partition, parts), length-prefixed."""
+    h = hashlib.sha256(_KEY_DOMAIN)
+    for field in (partition.user, partition.space, partition.name, *parts):
+        raw = field.encode("utf-8", "surrogatepass")
+        h.update(len(raw).to_bytes(4, "big") + raw)
+    return "fx-" + h.hexdigest()[:32]
+
+
+# -- the stored record: a JSON header line, then the encoded outcome when done --
+
+
+def _encode(info: EffectInfo, outcome_data: bytes = b"") -> bytes:
+    i = info.intent
+    head: dict[str, Any] = {
+        "v": _FORMAT, "name": list(info.name), "state": info.state.value, "key": i.key, "owner": i.owner,
+        "at": i.at_ms, "lease": i.lease_token, "attempt": i.attempt,
+    }  # fmt: skip
+    if info.state is EffectState.DONE:
+        head.update(sha=info.outcome_digest, done_at=info.done_at_ms, via=info.via)
+    return json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n" + outcome_data
+
+
+def _decode(label: str, record: Record) -> EffectInfo:
+    head_raw, newline, data = record.value.partition(b"\n")
+    try:
+        head = json.loads(head_raw) if newline else None
+        if not isinstance(head, dict) or head.get("v") != _FORMAT:
+            raise ValueError("not an effect record of a known format")
+        state = EffectState(head["state"])
+        intent = Intent(str(head["key"]), str(head["owner"]), int(head["at"]), head["lease"], int(head["attempt"]))
+        name = tuple(str(p) for p in head["name"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptItemError(label, f"effect record header: {exc}") from exc
+    if record.tags.get(STATE_TAG) != state.value:
+        raise CorruptItemError(label, "its state tag does not match its header")
+    info = EffectInfo(name, state, intent, etag=record.etag)
+    if state is not EffectState.DONE:
+        return info
+    if digest(data) != head.get("sha"):
+        raise CorruptItemError(label, "its outcome does not match the digest in its header")
+    outcome = decode_value(label, data)
+    return replace(
+        info, outcome=outcome, outcome_digest=head["sha"], done_at_ms=head.get("done_at"), via=head.get("via")
+    )
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One effect as asked for: where, what, by whom, how an unknown outcome is settled."""
+
+    parts: tuple[str, ...]
+    name: str
+    label: str
+    owner: str
+    lease: EffectLease | None
+    reconcile: Reconcile | None
+    retry_safe: bool
+
+
+class Journal:
+    """The effects of one partition (a scope, a LangGraph thread, a workflow).
+
+    Every face builds one over its own backend, integrity and partition and
+    calls :meth:`effect`; the semantics live here once. ``label`` names the
+    partition in error messages (``"scope 'orders/o-17'"``).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        integrity: Integrity,
+        partition: Partition,
+        *,
+        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
+        label: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.integrity = integrity
+        self.partition = partition
+        self.max_item_bytes = max_item_bytes
+        self.label = label or f"{partition.space} partition {partition.name!r}"
+
+    def effect(
+        self,
+        key: str | Sequence[str],
+        *,
+        lease: EffectLease | None = None,
+        owner: str | None = None,
+        reconcile: Reconcile | None = None,
+        retry_safe: bool = False,
+    ) -> EffectBlock:
+        """A block (``with`` / ``async with``) around one effect; see the module docstring.
+
+        ``key``: a string, or a sequence of strings (a face's own key parts,
+        e.g. namespace, task id, name). ``owner`` defaults to the lease's
+        owner, else ``<hostname>:<pid>``. ``reconcile(fx.key)`` is called when
+        an intent without outcome is found (an async one may be awaited under
+        ``async with``); ``retry_safe=True`` starts a new attempt instead.
+        """
+        parts = _key_parts(key)
+        if reconcile is not None and not callable(reconcile):
+            raise InvalidArgumentError("reconcile", f"must be a callable taking the key, got {reconcile!r}")
+        if lease is not None and not isinstance(lease, EffectLease):
+            raise InvalidArgumentError("lease", f"must be a lease (owner, token, fenced_write_flow), got {lease!r}")
+        held_on = getattr(lease, "partition", self.partition)
+        if held_on != self.partition:
+            raise InvalidArgumentError(
+                "lease", f"is held on {held_on.name!r}, not {self.partition.name!r}: fence an effect with its own lease"
+            )
+        who = owner if owner is not None else lease.owner if lease is not None else _default_owner()
+        label = f"effect {parts[0] if len(parts) == 1 else list(parts)!r} of {self.label}"
+        return EffectBlock(self, _Spec(parts, record_name(parts), label, who, lease, reconcile, bool(retry_safe)))
+
+    # -- listing ----------------------------------------------------------------
+
+    def _list_flow(self, state: EffectState | None) -> Flow[list[EffectInfo]]:
+        tags = {} if state is None else {STATE_TAG: state.value}
+        records = yield ListOp(self.partition, ListQuery(prefix=EFFECT_PREFIX, order="seq", tags=tags))
+        return [_decode(r.name, self.integrity.check(self.partition, r)) for r in records]
+
+    def list(self, state: EffectState | None = None) -> list[EffectInfo]:
+        """The effects of this partition, oldest first; ``state=EffectState.INTENT``: the unknown ones."""
+        return run(self._list_flow(state), self.backend)
+
+    async def alist(self, state: EffectState | None = None) -> builtins.list[EffectInfo]:
+        """Async :meth:`list`."""
+        return await arun(self._list_flow(state), self.backend)
+
+    # -- flows ------------------------------------------------------------------
+
+    def _write_flow(self, spec: _Spec, info: EffectInfo, data: bytes, mode: Mode, if_match: str | None) -> Flow[Record]:
+        put = self.integrity.put(
+            self.partition, spec.name, _encode(info, data), etag=new_etag(),
+            tags={STATE_TAG: info.state.value}, mode=mode, if_match=if_match,
+        )  # fmt: skip
+        if spec.lease is None:
+            (stored,) = yield from write_flow(self.partition, [put], (), [spec.label])
+        else:
+            (stored,) = yield from spec.lease.fenced_write_flow(self.partition, [put], (), [spec.label])
+        return stored
+
+    def _read_flow(self, spec: _Spec) -> Flow[EffectInfo | None]:
+        (record,) = yield GetOp(self.partition, [spec.name])
+        if record is None:
+            return None
+        return _decode(spec.label, self.integrity.check(self.partition, record, spec.label))
+
+    def _intent(self, spec: _Spec, key: str, attempt: int) -> EffectInfo:
+        token = None if spec.lease is None else int(spec.lease.token)
+        return EffectInfo(spec.parts, EffectState.INTENT, Intent(key, spec.owner, _now_ms(), token, attempt))
+
+    def enter_flow(self, spec: _Spec) -> Flow[tuple[EffectInfo, bool]]:
+        """Write the intent of a new effect, or return what is stored; and whether it was found stored."""
+        fresh = self._intent(spec, idempotency_key(self.partition, spec.parts), 1)
+        for _ in range(3):  # an effect can only vanish with its partition: retry that, not forever
+            try:
+                stored = yield from self._write_flow(spec, fresh, b"", Mode.CREATE, None)
+                return replace(fresh, etag=stored.etag), False
+            except ConcurrencyError:
+                pass
+            found = yield from self._read_flow(spec)
+            if found is not None:
+                return found, True
+        raise ConcurrencyError(spec.label, None, None)
+
+    def retry_flow(self, spec: _Spec, stored: EffectInfo) -> Flow[EffectInfo]:
+        """A new intent (attempt + 1) over a stored one, if it is still the one read."""
+        fresh = self._intent(spec, stored.key, stored.intent.attempt + 1)
+        try:
+            record = yield from self._write_flow(spec, fresh, b"", Mode.IF_MATCH, stored.etag)
+        except ConcurrencyError:
+            now = yield from self._read_flow(spec)
+            if now is not None and now.state is EffectState.DONE:
+                return now  # another attempt finished it meanwhile
+            raise
+        return replace(fresh, etag=record.etag)
+
+    def finish_flow(self, spec: _Spec, current: EffectInfo, outcome: Any, via: str) -> Flow[EffectInfo]:
+        """Record ``outcome`` over the intent ``current``; append-only (same: no-op, else mismatch)."""
+        data = encode_value(spec.label, outcome, self.max_item_bytes)
+        sha = digest(data)
+        if current.state is EffectState.DONE:
+            return _same_outcome(spec, current, sha)
+        done = replace(
+            current, state=EffectState.DONE, outcome=outcome, outcome_digest=sha, done_at_ms=_now_ms(), via=via
+        )
+        try:
+            record = yield from self._write_flow(spec, done, data, Mode.IF_MATCH, current.etag)
+        except ConcurrencyError:
+            now = yield from self._read_flow(spec)
+            if now is None or now.state is not EffectState.DONE:
+                raise  # the intent was replaced by another attempt: this one no longer owns it
+            return _same_outcome(spec, now, sha)
+        return replace(done, outcome=decode_value(spec.label, data), etag=record.etag)
+
+
+def _same_outcome(spec: _Spec, done: EffectInfo, sha: str) -> EffectInfo:
+    if done.outcome_digest != sha:
+        raise StepMismatchError(spec.label, done.outcome_digest or "", sha)
+    return done
+
+
+class Effect:
+    """The handle of one effect inside its block.
+
+    ``done`` and ``outcome``: whether an outcome is stored, and which.
+    ``key``: the idempotency key for the downstream system. ``reconciled``:
+    the outcome came from ``reconcile=``; ``attempt``: the intent's number.
+    """
+
+    def __init__(self, journal: Journal, spec: _Spec, info: EffectInfo) -> None:
+        self._journal = journal
+        self._spec = spec
+        self._info = info
+
+    @property
+    def key(self) -> str:
+        """The idempotency key: hand it to the downstream system."""
+        return self._info.key
+
+    @property
+    def name(self) -> tuple[str, ...]:
+        """The effect's key parts, as given."""
+        return self._spec.parts
+
+    @property
+    def state(self) -> EffectState:
+        """INTENT inside a new attempt, DONE once an outcome is stored."""
+        return self._info.state
+
+    @property
+    def done(self) -> bool:
+        """Whether an outcome is stored (the caller skips the call)."""
+        return self._info.state is EffectState.DONE
+
+    @property
+    def outcome(self) -> Any:
+        """The stored outcome (``None`` until done)."""
+        return self._info.outcome
+
+    @property
+    def intent(self) -> Intent:
+        """Who announced this attempt, when, under which lease token."""
+        return self._info.intent
+
+    @property
+    def attempt(self) -> int:
+        """Which intent this is: 1 for the first attempt."""
+        return self._info.intent.attempt
+
+    @property
+    def reconciled(self) -> bool:
+        """The outcome was settled by ``reconcile=`` rather than recorded by a call."""
+        return self._info.via == "reconcile"
+
+    def record(self, outcome: Any) -> Any:
+        """Store the outcome (bytes or JSON-able, capped); return it as stored.
+
+        Append-only: the same outcome again is a no-op; a different one raises
+        :class:`StepMismatchError` with both digests and keeps the stored one.
+        """
+        self._info = run(self._journal.finish_flow(self._spec, self._info, outcome, "call"), self._journal.backend)
+        return self._info.outcome
+
+    async def arecord(self, outcome: Any) -> Any:
+        """Async :meth:`record`."""
+        flow = self._journal.finish_flow(self._spec, self._info, outcome, "call")
+        self._info = await arun(flow, self._journal.backend)
+        return self._info.outcome
+
+    def __repr__(self) -> str:
+        return f"<Effect {self._spec.label} {self.state.value} key={self.key} attempt={self.attempt}>"
+
+
+class EffectBlock:
+    """``with`` / ``async with`` around one effect: entering writes the intent.
+
+    Entering returns the :class:`Effect`; leaving writes nothing (an exception
+    propagates and leaves the intent, so the next attempt sees "unknown").
+    """
+
+    def __init__(self, journal: Journal, spec: _Spec) -> None:
+        self._journal = journal
+        self._spec = spec
+
+    def _settle(self, stored: EffectInfo, answer: Any) -> Flow[EffectInfo]:
+        """The flow that settles a stored intent without outcome, given reconcile's answer."""
+        if answer is _UNASKED:
+            if not self._spec.retry_safe:
+                raise UnknownOutcomeError(self._spec.label, stored.intent)
+            return self._journal.retry_flow(self._spec, stored)
+        if answer is NOT_APPLIED:
+            return self._journal.retry_flow(self._spec, stored)
+        return self._journal.finish_flow(self._spec, stored, answer, "reconcile")
+
+    def __enter__(self) -> Effect:
+        j, spec = self._journal, self._spec
+        info, found = run(j.enter_flow(spec), j.backend)
+        if found and info.state is EffectState.INTENT:
+            answer = _UNASKED if spec.reconcile is None else spec.reconcile(info.key)
+            if inspect.isawaitable(answer):
+                _close(answer)
+                raise InvalidArgumentError("reconcile", "returned an awaitable: use `async with` for an async one")
+            info = run(self._settle(info, answer), j.backend)
+        return Effect(j, spec, info)
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        return False
+
+    async def __aenter__(self) -> Effect:
+        j, spec = self._journal, self._spec
+        info, found = await arun(j.enter_flow(spec), j.backend)
+        if found and info.state is EffectState.INTENT:
+            answer = _UNASKED if spec.reconcile is None else spec.reconcile(info.key)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            info = await arun(self._settle(info, answer), j.backend)
+        return Effect(j, spec, info)
+
+    async def __aexit__(self, *exc: object) -> Literal[False]:
+        return False
+
+
+#: No reconcile was given (distinct from any answer one could return).
+_UNASKED = object()
+
+
+def _close(awaitable: Awaitable[Any]) -> None:
+    """Close an un-awaited coroutine (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+# -- the faces ------------------------------------------------------------------
+
+
+def effect(
+    store: Store,
+    scope: str,
+    key: str,
+    *,
+    lease: EffectLease | None = None,
+    owner: str | None = None,
+    reconcile: Reconcile | None = None,
+    retry_safe: bool = False,
+) -> EffectBlock:
+    """The effect ``key`` of ``scope`` in ``store`` (what ``store.effect(...)`` delegates to).
+
+    The record lives in the scope's partition (the store's user) beside the
+    scope's items; ``key`` follows the item key rules.
+    """
+    validate_scope(scope)
+    validate_key(key)
+    journal = Journal(
+        store.backend, store.integrity, store.partition(scope), max_item_bytes=store.max_item_bytes,
+        label=f"scope {scope!r}",
+    )  # fmt: skip
+    return journal.effect(key, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

@@ -2,12 +2,14 @@
 
 Every multi-step semantic (conditional writes, append-only checks, digest
 verification, the LangGraph saver's reads and writes) is written once as a
-generator that yields backend operations and receives their results. ``run``
-drives such a flow with a backend's sync methods, ``arun`` with its async
-methods; neither knows what the flow does::
+generator that yields backend operations and receives their results, through
+the typed helpers of :mod:`checkpointers.backends.ops` (``get``, ``write``,
+``listing``, ``partitions``, ``drop``, ``parallel``). ``run`` drives such a
+flow with a backend's sync methods, ``arun`` with its async methods; neither
+knows what the flow does::
 
     def append_flow(partition, put):
-        result = yield WriteOp(partition, [put])
+        result = yield from write(partition, [put])   # typed: a WriteResult
         ...
 
     run(append_flow(p, put), backend)          # sync
@@ -19,12 +21,28 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-from collections.abc import Generator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from ._names import Partition
-from .backends.base import Backend, Delete, Mode, Put, Record, WriteResult, content_digest
-from .backends.ops import DropOp, GetOp, ListOp, Op, Parallel, PartitionsOp, WriteOp
+from .backends.base import Delete, Mode, Put, Record, WriteResult, content_digest
+from .backends.ops import (
+    DropOp,
+    Flow,
+    GetOp,
+    ListOp,
+    Parallel,
+    PartitionsOp,
+    WriteOp,
+    arun,
+    drop,
+    get,
+    get_and_lists,
+    listing,
+    parallel,
+    partitions,
+    run,
+    write,
+)
 from .errors import ConcurrencyError, CorruptItemError, StepMismatchError
 
 __all__ = [
@@ -38,59 +56,20 @@ __all__ = [
     "arun",
     "delete_present_flow",
     "digest",
+    "drop",
+    "get",
+    "get_and_lists",
+    "listing",
     "make_put",
     "new_etag",
+    "parallel",
+    "partitions",
     "raise_conflict",
     "run",
     "verified",
+    "write",
     "write_flow",
 ]
-
-T = TypeVar("T")
-
-
-Flow = Generator[Op, Any, T]
-
-
-def run(flow: Flow[T], backend: Backend) -> T:
-    """Drive ``flow`` with the backend's sync methods and return its result.
-
-    A backend error is thrown into the flow at its ``yield`` (as httpx drives
-    its auth flows), so the flow's frame is in the traceback and a flow may
-    catch it and go on; the flow is closed when the driver leaves, however
-    it leaves.
-    """
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = op.call(backend)
-            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
-                op = flow.throw(exc)
-                continue
-            op = flow.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
-
-async def arun(flow: Flow[T], backend: Backend) -> T:
-    """Drive ``flow`` with the backend's async methods; see :func:`run`."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = await op.acall(backend)
-            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
-                op = flow.throw(exc)
-                continue
-            op = flow.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
 
 def digest(data: bytes) -> str:
     """SHA-256 hex digest: the content digest of every stored value."""
@@ -177,7 +156,7 @@ def write_flow(
     labels: Sequence[str] | None = None,
 ) -> Flow[list[Record]]:
     """Write one atomic batch; raise the matching error if a condition fails."""
-    result: WriteResult = yield WriteOp(partition, tuple(puts), tuple(deletes))
+    result = yield from write(partition, tuple(puts), tuple(deletes))
     raise_conflict(result, puts, deletes, labels)
     return list(result.records)
 
@@ -193,12 +172,15 @@ def delete_present_flow(partition: Partition, name: str, label: str) -> Flow[boo
     record changed in between, so of concurrent deletes exactly one returns
     True. After :data:`DELETE_ATTEMPTS` changes in a row: ``ConcurrencyError``.
     """
+    expected: str | None = None
+    changed: str | None = None
     for _ in range(DELETE_ATTEMPTS):
-        (record,) = yield GetOp(partition, [name])
+        (record,) = yield from get(partition, [name])
         if record is None:
             return False
-        result: WriteResult = yield WriteOp(partition, (), (Delete(name, record.etag),))
+        expected = record.etag
+        result = yield from write(partition, (), (Delete(name, expected),))
         if result.conflict is None:
             return True
-    changed = result.conflict.existing if result.conflict else None
-    raise ConcurrencyError(label, record.etag, changed.etag if changed else None)
+        changed = result.conflict.existing.etag if result.conflict.existing else None
+    raise ConcurrencyError(label, expected, changed)

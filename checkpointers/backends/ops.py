@@ -1,10 +1,22 @@
-"""The backend operations a flow yields, beside the backend interface they call.
+"""The backend operations a flow yields, their typed helpers and the one driver.
 
 A flow (:mod:`checkpointers.flows`) is a generator that yields these and
 receives each one's result: ``call`` runs an operation with a backend's sync
 methods, ``acall`` with its async ones. They live under ``backends/`` so that
 a backend that batches them (Redis sends a :class:`Parallel` in one pipeline)
 imports nothing from the layers above it.
+
+A flow does not yield an operation itself but goes through its helper, which
+yields it and returns its result *typed*, so mypy checks what each step
+receives (a bare ``yield`` receives ``Any``)::
+
+    records = yield from get(p, [name])          # list[Record | None]
+    result = yield from write(p, puts, deletes)  # WriteResult
+    listings = yield from parallel([ListOp(p, q1), ListOp(p, q2)])  # list[list[Record]]
+
+:func:`run` and :func:`arun` drive any generator whose steps have
+``call``/``acall`` (a :class:`Step`): the flows over a :class:`Backend`, and
+Redis's round trips over its transport (:mod:`.redis`), with one loop.
 
 =================  ==============================  ==========================
 operation          backend method                  result
@@ -20,14 +32,39 @@ operation          backend method                  result
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
 from .._names import Partition
 from .base import Backend, Delete, ListQuery, Put, Record, WriteResult
 
-__all__ = ["DropOp", "GetOp", "ListOp", "Op", "Parallel", "PartitionsOp", "SingleOp", "WriteOp"]
+__all__ = [
+    "DropOp",
+    "Flow",
+    "GetOp",
+    "ListOp",
+    "Op",
+    "Parallel",
+    "PartitionsOp",
+    "SingleOp",
+    "Step",
+    "WriteOp",
+    "arun",
+    "drop",
+    "get",
+    "get_and_lists",
+    "listing",
+    "parallel",
+    "partitions",
+    "run",
+    "write",
+]
+
+T = TypeVar("T")
+#: What a step runs on (a :class:`Backend`, or Redis's transport for its round trips).
+Target = TypeVar("Target", contravariant=True)
+_On = TypeVar("_On")
 
 
 @dataclass(frozen=True)
@@ -125,3 +162,125 @@ class Parallel:
 SingleOp = GetOp | WriteOp | ListOp | PartitionsOp | DropOp
 #: Anything a flow may yield.
 Op = GetOp | WriteOp | ListOp | PartitionsOp | DropOp | Parallel
+
+
+class Step(Protocol[Target]):
+    """Anything a driven generator yields: it runs itself on a target, sync or async."""
+
+    def call(self, target: Target, /) -> Any: ...
+
+    def acall(self, target: Target, /) -> Awaitable[Any]: ...
+
+
+#: A flow: yields operations, receives their results, returns ``T``.
+Flow = Generator[Op, Any, T]
+
+
+def run(flow: Generator[Step[_On], Any, T], target: _On) -> T:
+    """Drive ``flow`` with each step's sync ``call`` on ``target`` and return its result.
+
+    An error a step raises is thrown into the flow at its ``yield`` (as httpx
+    drives its auth flows), so the flow's frame is in the traceback and a
+    flow may catch it and go on; the flow is closed when the driver leaves,
+    however it leaves.
+    """
+    try:
+        step = next(flow)
+        while True:
+            try:
+                result = step.call(target)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
+                step = flow.throw(exc)
+                continue
+            step = flow.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
+
+
+async def arun(flow: Generator[Step[_On], Any, T], target: _On) -> T:
+    """Drive ``flow`` with each step's async ``acall``; see :func:`run`."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                result = await step.acall(target)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises it
+                step = flow.throw(exc)
+                continue
+            step = flow.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
+
+
+# -- typed helpers: ``x = yield from helper(...)`` gives each result its type ----
+
+
+def get(partition: Partition, names: Sequence[str]) -> Generator[GetOp, Any, list[Record | None]]:
+    """The records named ``names`` (None where absent), in order."""
+    records: list[Record | None] = yield GetOp(partition, names)
+    return records
+
+
+def write(
+    partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
+) -> Generator[WriteOp, Any, WriteResult]:
+    """Apply one atomic conditional batch; its result (a refusal is a ``conflict``, not raised)."""
+    result: WriteResult = yield WriteOp(partition, puts, deletes)
+    return result
+
+
+def listing(partition: Partition, query: ListQuery) -> Generator[ListOp, Any, list[Record]]:
+    """The records of ``partition`` that ``query`` selects."""
+    records: list[Record] = yield ListOp(partition, query)
+    return records
+
+
+def partitions(user: str, space: str) -> Generator[PartitionsOp, Any, list[str]]:
+    """The names of ``user``'s non-empty partitions in ``space``, sorted."""
+    names: list[str] = yield PartitionsOp(user, space)
+    return names
+
+
+def drop(partition: Partition) -> Generator[DropOp, Any, int]:
+    """Delete the whole partition; how many records went."""
+    count: int = yield DropOp(partition)
+    return count
+
+
+@overload
+def parallel(ops: Sequence[ListOp]) -> Generator[Parallel, Any, list[list[Record]]]: ...
+
+
+@overload
+def parallel(ops: Sequence[GetOp]) -> Generator[Parallel, Any, list[list[Record | None]]]: ...
+
+
+def parallel(ops: Sequence[ListOp] | Sequence[GetOp]) -> Generator[Parallel, Any, list[Any]]:
+    """Independent listings (or gets) in one :class:`Parallel` step; their results in order.
+
+    No step at all when ``ops`` is empty.
+    """
+    if not ops:
+        return []
+    results = yield Parallel(tuple(ops))
+    return list(results)
+
+
+def get_and_lists(
+    fetch: GetOp | None, lists: Sequence[ListOp]
+) -> Generator[Parallel, Any, tuple[list[Record | None], list[list[Record]]]]:
+    """One :class:`Parallel` step of a get (optional: ``[]`` without) and listings.
+
+    No step at all when there is nothing to run.
+    """
+    ops: tuple[SingleOp, ...] = (*lists, fetch) if fetch is not None else tuple(lists)
+    if not ops:
+        return [], []
+    results = yield Parallel(ops)
+    if fetch is None:
+        return [], list(results)
+    return results[-1], list(results[:-1])

@@ -60,7 +60,7 @@ from .base import (
     content_digest,
     tags_json,
 )
-from .ops import DropOp, GetOp, ListOp, PartitionsOp, WriteOp
+from .ops import DropOp, GetOp, ListOp, PartitionsOp, WriteOp, arun, run
 
 __all__ = ["DRIVER_ERRORS", "RedisBackend", "TRANSIENT_ERRORS", "is_transient", "translate_errors"]
 
@@ -87,19 +87,40 @@ _SCRIPTS = (WRITE_SCRIPT, LIST_SCRIPT, DROP_SCRIPT)
 
 
 @dataclass(frozen=True)
-class _Call:
-    """What one round trip sends: one pipeline of commands."""
+class _RoundTrip:
+    """A request to the transport: one pipeline of commands, sent in one round trip.
+
+    The operations below are generators of these (:data:`_RoundTrips`),
+    driven by the package's one driver (:func:`.ops.run` / :func:`.ops.arun`)
+    with the backend as target. A command that met a key of ours holding the
+    wrong type makes the round trip raise its :class:`CorruptItemError` into
+    the operation that sent it; ``raw`` (the merged round trips of
+    :meth:`RedisBackend._parallel_op`) hands the replies back as they are,
+    for the parallel operation to route each one to its sender.
+    """
 
     commands: Sequence[Command]
+    raw: bool = False
+
+    def call(self, backend: RedisBackend) -> _Replies:
+        return self._checked(backend._execute(self))
+
+    async def acall(self, backend: RedisBackend) -> _Replies:
+        return self._checked(await backend._aexecute(self))
+
+    def _checked(self, replies: _Replies) -> _Replies:
+        if replies.corrupt is not None and not self.raw:
+            raise replies.corrupt
+        return replies
 
 
 @dataclass(frozen=True)
-class _Reply:
-    """A round trip's results; ``retried`` when an earlier attempt failed.
+class _Replies:
+    """A round trip's replies; ``retried`` when an earlier attempt failed.
 
     ``corrupt``: a command met a key of ours holding the wrong type; its
-    reply is that error (see :meth:`RedisBackend._reply`), also thrown into
-    the operation that sent it.
+    reply is that error (see :meth:`RedisBackend._replies`), also raised
+    into the operation that sent it.
     """
 
     values: list[Any]
@@ -107,7 +128,10 @@ class _Reply:
     corrupt: CorruptItemError | None = None
 
 
-_Op = Generator[_Call, _Reply, Any]
+#: An operation of this backend: a generator of round trips that returns its result.
+_RoundTrips = Generator[_RoundTrip, _Replies, Any]
+#: Earlier names (tests build round trips by hand).
+_Call, _Reply = _RoundTrip, _Replies
 
 
 # -- pure helpers: key names, arguments, parsing ------------------------------
@@ -527,68 +551,52 @@ class RedisBackend(Backend):
 
     # -- running operations -------------------------------------------------
 
-    def _execute(self, call: _Call) -> _Reply:
+    def _execute(self, trip: _RoundTrip) -> _Replies:
         """One round trip (retried as needed: see :class:`~._redis_transport.Link`)."""
-        return self._reply(call, *self._link.call(call.commands))
+        return self._replies(trip, *self._link.call(trip.commands))
 
-    async def _aexecute(self, call: _Call) -> _Reply:
+    async def _aexecute(self, trip: _RoundTrip) -> _Replies:
         """Async :meth:`_execute`."""
-        return self._reply(call, *await self._link.acall(call.commands))
+        return self._replies(trip, *await self._link.acall(trip.commands))
 
     @staticmethod
-    def _reply(call: _Call, values: list[Any], retried: bool) -> _Reply:
-        """The round trip's reply; a ``WRONGTYPE`` error reply (a key of ours
+    def _replies(trip: _RoundTrip, values: list[Any], retried: bool) -> _Replies:
+        """The round trip's replies; a ``WRONGTYPE`` error reply (a key of ours
         holding another type: damage, not an outage) becomes a
-        :class:`CorruptItemError` in place, also thrown into the operation
-        that sent the command (:meth:`_deliver`)."""
+        :class:`CorruptItemError` in place, also raised into the operation
+        that sent the command (:meth:`_RoundTrip.call`, :meth:`_deliver`)."""
         corrupt = None
         for i, value in enumerate(values):
             if isinstance(value, BaseException) and kept_in_place(value):
-                values[i] = _wrong_type(call.commands[i], value)
+                values[i] = _wrong_type(trip.commands[i], value)
                 corrupt = corrupt or values[i]
-        return _Reply(values, retried, corrupt)
+        return _Replies(values, retried, corrupt)
 
     @staticmethod
-    def _deliver(op: _Op, reply: _Reply) -> _Call:
-        """Send ``reply`` into ``op`` (throw the damage it met) and return its next call."""
-        if reply.corrupt is not None:
-            return op.throw(reply.corrupt)
-        return op.send(reply)
+    def _deliver(op: _RoundTrips, replies: _Replies) -> _RoundTrip:
+        """Send ``replies`` into ``op`` (throw the damage it met) and return its next round trip."""
+        if replies.corrupt is not None:
+            return op.throw(replies.corrupt)
+        return op.send(replies)
 
-    def _run(self, op: _Op, raw: bool = False) -> Any:
-        """Drive ``op`` to its result; ``raw``: replies go in as they are (:meth:`_parallel_op`)."""
-        try:
-            call = next(op)
-            while True:
-                reply = self._execute(call)
-                call = op.send(reply) if raw else self._deliver(op, reply)
-        except StopIteration as done:
-            return done.value
-
-    async def _arun(self, op: _Op, raw: bool = False) -> Any:
-        """Async :meth:`_run`."""
-        try:
-            call = next(op)
-            while True:
-                reply = await self._aexecute(call)
-                call = op.send(reply) if raw else self._deliver(op, reply)
-        except StopIteration as done:
-            return done.value
+    def _run(self, op: _RoundTrips) -> Any:
+        """Drive ``op``'s round trips to its result (tests drive operations by hand)."""
+        return run(op, self)
 
     # -- operations, written once as generators of round trips --------------
 
-    def _get_op(self, partition: Partition, names: Sequence[str]) -> _Op:
+    def _get_op(self, partition: Partition, names: Sequence[str]) -> _RoundTrips:
         if not names:
             return []
         fields = [f"{kind}:{name}" for name in names for kind in ("m", "v")]
-        reply = yield _Call([("HMGET", self._keys(partition)[0], *fields)])
+        reply = yield _RoundTrip([("HMGET", self._keys(partition)[0], *fields)])
         values = reply.values[0]
         return [
             None if meta is None else _record(name, meta, value)
             for name, meta, value in zip(names, values[0::2], values[1::2], strict=False)
         ]
 
-    def _write_op(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> _Op:
+    def _write_op(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> _RoundTrips:
         check_batch(puts, deletes)
         registry = self._registry(partition.user_key)
         raw_name = partition.name.encode("utf-8", "surrogatepass")
@@ -609,13 +617,13 @@ class RedisBackend(Backend):
         after = not self.cluster and partition.key not in self._filled
         tail = [("HSET", registry, partition.key, raw_name)] if after else []
         args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
-        reply = yield _Call([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
+        reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
         out = reply.values[-1 - len(tail)]  # the script's reply
         if out[0] == 2:
             # A concurrent delete removed a staged value between our HSETNX and
             # the script, which then applied nothing: send the values inline.
             args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
-            reply = yield _Call([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
+            reply = yield _RoundTrip([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
             out = reply.values[-1 - len(tail)]
         if out[0] == 3:  # damaged stored data: nothing applied (see guarded())
             raise _script_damage(out)
@@ -641,7 +649,7 @@ class RedisBackend(Backend):
             yield from self._unregister_op(partition)
             return WriteResult(records=records)
         if was_empty and not after:
-            yield _Call([("HSET", registry, partition.key, raw_name)])
+            yield _RoundTrip([("HSET", registry, partition.key, raw_name)])
         self._seen_filled(partition)
         return WriteResult(records=records)
 
@@ -651,20 +659,20 @@ class RedisBackend(Backend):
             self._filled.clear()
         self._filled[partition.key] = None
 
-    def _unregister_op(self, partition: Partition) -> _Op:
+    def _unregister_op(self, partition: Partition) -> _RoundTrips:
         """Remove ``partition`` from its user's registry, unless it refilled meanwhile."""
         registry = self._registry(partition.user_key)
-        yield _Call([("HDEL", registry, partition.key)])
-        reply = yield _Call([("EXISTS", self._keys(partition)[1])])
+        yield _RoundTrip([("HDEL", registry, partition.key)])
+        reply = yield _RoundTrip([("EXISTS", self._keys(partition)[1])])
         if reply.values[0]:
             raw_name = partition.name.encode("utf-8", "surrogatepass")
-            yield _Call([("HSET", registry, partition.key, raw_name)])
+            yield _RoundTrip([("HSET", registry, partition.key, raw_name)])
 
-    def _list_op(self, partition: Partition, query: ListQuery) -> _Op:
+    def _list_op(self, partition: Partition, query: ListQuery) -> _RoundTrips:
         args = _list_args(query)
         if args is None:
             return []
-        reply = yield _Call([Eval(LIST_SCRIPT, self._keys(partition)[:4], args)])
+        reply = yield _RoundTrip([Eval(LIST_SCRIPT, self._keys(partition)[:4], args)])
         out = reply.values[0]
         if out and out[0].__class__ is int:  # damaged stored data (see guarded())
             raise _script_damage(out)
@@ -679,7 +687,7 @@ class RedisBackend(Backend):
                     raise CorruptItemError(rec.name, "its tags do not match the tag index it was found by")
         return records
 
-    def _partitions_op(self, user: str, space: str) -> _Op:
+    def _partitions_op(self, user: str, space: str) -> _RoundTrips:
         """The registry's entries whose partition holds records.
 
         An entry is ``pk -> raw name``. One whose ``pk`` is not this user's
@@ -689,7 +697,7 @@ class RedisBackend(Backend):
         (else it names nothing and is skipped).
         """
         probe = Partition(user, space, "")
-        reply = yield _Call([("HGETALL", self._registry(probe.user_key))])
+        reply = yield _RoundTrip([("HGETALL", self._registry(probe.user_key))])
         candidates: list[Partition] = []
         damaged: list[str] = []
         for pk, raw in reply.values[0].items():
@@ -711,7 +719,7 @@ class RedisBackend(Backend):
             return []
         exists = [("EXISTS", self._keys(p)[1]) for p in candidates]
         exists += [("EXISTS", f"{self.prefix}:{{{key}}}:n") for key in damaged]
-        reply = yield _Call(exists)
+        reply = yield _RoundTrip(exists)
         live = [p for p, exists in zip(candidates, reply.values, strict=False) if exists]
         for part in candidates:
             if part not in live:  # expired (ttl) or emptied by a client that died
@@ -724,12 +732,12 @@ class RedisBackend(Backend):
                 )
         return sorted(p.name for p in live)
 
-    def _drop_op(self, partition: Partition) -> _Op:
-        reply = yield _Call([Eval(DROP_SCRIPT, self._keys(partition), [])])
+    def _drop_op(self, partition: Partition) -> _RoundTrips:
+        reply = yield _RoundTrip([Eval(DROP_SCRIPT, self._keys(partition), [])])
         yield from self._unregister_op(partition)
         return int(reply.values[0])
 
-    def _parallel_op(self, ops: Sequence[_Op]) -> _Op:
+    def _parallel_op(self, ops: Sequence[_RoundTrips]) -> _RoundTrips:
         """Drive independent operations together: each round trip sends the
         next call of every one still running, in one pipeline.
 
@@ -741,23 +749,23 @@ class RedisBackend(Backend):
         """
         results: list[Any] = [None] * len(ops)
         failed: dict[int, Exception] = {}
-        pending: dict[int, _Call] = {}
+        pending: dict[int, _RoundTrip] = {}
         for i, op in enumerate(ops):
             try:
                 pending[i] = next(op)
             except StopIteration as done:
                 results[i] = done.value
         while pending:
-            reply = yield _Call([c for call in pending.values() for c in call.commands])
+            reply = yield _RoundTrip([c for trip in pending.values() for c in trip.commands], raw=True)
             at, running = 0, {}
-            for i, call in pending.items():
-                values = reply.values[at : at + len(call.commands)]
-                at += len(call.commands)
+            for i, trip in pending.items():
+                values = reply.values[at : at + len(trip.commands)]
+                at += len(trip.commands)
                 corrupt = None
                 if reply.corrupt is not None:
                     corrupt = next((v for v in values if isinstance(v, CorruptItemError)), None)
                 try:
-                    running[i] = self._deliver(ops[i], _Reply(values, reply.retried, corrupt))
+                    running[i] = self._deliver(ops[i], _Replies(values, reply.retried, corrupt))
                 except StopIteration as done:
                     results[i] = done.value
                 except Exception as exc:  # noqa: BLE001 - raised below, once the others are done
@@ -767,8 +775,8 @@ class RedisBackend(Backend):
             raise failed[min(failed)]
         return results
 
-    def _op_of(self, op: Any) -> _Op:
-        """The round trips of one flow operation (see :class:`checkpointers._flows.Parallel`)."""
+    def _op_of(self, op: Any) -> _RoundTrips:
+        """The round trips of one flow operation (see :class:`.ops.Parallel`)."""
         if isinstance(op, GetOp):
             return self._get_op(op.partition, op.names)
         if isinstance(op, ListOp):
@@ -786,48 +794,48 @@ class RedisBackend(Backend):
 
     def many(self, ops: Sequence[Any]) -> list[Any]:
         """Independent operations in one pipeline per round trip (one for reads)."""
-        return self._run(self._parallel_op([self._op_of(op) for op in ops]), raw=True)  # type: ignore[no-any-return]
+        return run(self._parallel_op([self._op_of(op) for op in ops]), self)
 
     async def amany(self, ops: Sequence[Any]) -> list[Any]:
         """Async :meth:`many`."""
-        return await self._arun(self._parallel_op([self._op_of(op) for op in ops]), raw=True)  # type: ignore[no-any-return]
+        return await arun(self._parallel_op([self._op_of(op) for op in ops]), self)
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Records by name, one ``HMGET``."""
-        return self._run(self._get_op(partition, names))  # type: ignore[no-any-return]
+        return run(self._get_op(partition, names), self)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Async :meth:`get`."""
-        return await self._arun(self._get_op(partition, names))  # type: ignore[no-any-return]
+        return await arun(self._get_op(partition, names), self)
 
     def write(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
         """One atomic batch: one pipeline carrying one Lua script."""
-        return self._run(self._write_op(partition, puts, deletes))  # type: ignore[no-any-return]
+        return run(self._write_op(partition, puts, deletes), self)  # type: ignore[no-any-return]
 
     async def awrite(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
         """Async :meth:`write`."""
-        return await self._arun(self._write_op(partition, puts, deletes))  # type: ignore[no-any-return]
+        return await arun(self._write_op(partition, puts, deletes), self)
 
     def partitions(self, user: str, space: str) -> list[str]:
         """Raw names of the user's non-empty partitions in ``space``, sorted."""
-        return self._run(self._partitions_op(user, space))  # type: ignore[no-any-return]
+        return run(self._partitions_op(user, space), self)
 
     async def apartitions(self, user: str, space: str) -> list[str]:
         """Async :meth:`partitions`."""
-        return await self._arun(self._partitions_op(user, space))  # type: ignore[no-any-return]
+        return await arun(self._partitions_op(user, space), self)
 
     def drop(self, partition: Partition) -> int:
         """Delete the partition's keys (no SCAN: the five keys are known)."""
-        return self._run(self._drop_op(partition))  # type: ignore[no-any-return]
+        return run(self._drop_op(partition), self)  # type: ignore[no-any-return]
 
     async def adrop(self, partition: Partition) -> int:
         """Async :meth:`drop`."""
-        return await self._arun(self._drop_op(partition))  # type: ignore[no-any-return]
+        return await arun(self._drop_op(partition), self)
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         """Records selected by ``query``: one Lua script over the indexes."""
-        return self._run(self._list_op(partition, query))  # type: ignore[no-any-return]
+        return run(self._list_op(partition, query), self)
 
     async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         """Async :meth:`list`."""
-        return await self._arun(self._list_op(partition, query))  # type: ignore[no-any-return]
+        return await arun(self._list_op(partition, query), self)

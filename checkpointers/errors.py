@@ -13,6 +13,8 @@ can catch ``CheckpointerError`` at a boundary. Input errors also derive from
     ├── StepMismatchError                                 .step .stored_digest .new_digest
     ├── ConcurrencyError                                  .key .expected_etag .actual_etag
     ├── IsolationError
+    ├── LeaseHeldError                                    .scope .owner .token .until
+    ├── LeaseLostError                                    .scope .owner .token .current_owner .current_token
     ├── CorruptItemError                                  .key .reason
     │   └── DisallowedTypeError                           .module .name
     └── BackendUnavailableError                           __cause__ = the driver's error
@@ -34,6 +36,8 @@ __all__ = [
     "InvalidNameError",
     "IsolationError",
     "ItemTooLargeError",
+    "LeaseHeldError",
+    "LeaseLostError",
     "StepMismatchError",
     "TooManyTagsError",
     "UnserializableValueError",
@@ -175,6 +179,64 @@ class IsolationError(CheckpointerError):
 
     Raised, for example, when ``require_user=True`` and no user was given.
     """
+
+
+def _when(seconds: float) -> str:
+    """``seconds`` since the epoch as an ISO 8601 UTC time, to the millisecond."""
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class LeaseHeldError(CheckpointerError):
+    """Another owner holds an unexpired lease on this scope (or thread).
+
+    ``owner`` is the holder, ``token`` its fencing token and ``until`` the
+    time (seconds since the epoch, the holder's clock) its lease expires
+    unless renewed. Nothing was written. Wait and retry after ``until``, or
+    work elsewhere: the holder may still be running.
+    """
+
+    def __init__(self, scope: str, owner: str, token: int, until: float, *, writing: bool = False) -> None:
+        self.scope = scope
+        self.owner = owner
+        self.token = token
+        self.until = until
+        what = "a write without a lease is refused" if writing else "cannot acquire it"
+        super().__init__(
+            f"{scope!r} is leased by owner {owner!r} (fencing token {token}) until {_when(until)}: "
+            f"{what}; nothing was written. Retry after that time, or acquire the lease and write with lease=."
+        )
+
+
+class LeaseLostError(CheckpointerError):
+    """A lease is no longer its holder's: it was taken over, released, or its scope deleted.
+
+    Raised by ``renew``, ``release`` and by every write made under the lease
+    (``lease=``); such a write committed nothing. ``current_owner`` and
+    ``current_token`` describe the lease found now (``None`` if there is
+    none). Stop working on the scope: another process owns it.
+    """
+
+    def __init__(
+        self,
+        scope: str,
+        owner: str,
+        token: int,
+        current_owner: str | None,
+        current_token: int | None,
+        reason: str,
+    ) -> None:
+        self.scope = scope
+        self.owner = owner
+        self.token = token
+        self.current_owner = current_owner
+        self.current_token = current_token
+        super().__init__(
+            f"the lease of owner {owner!r} (fencing token {token}) on {scope!r} is lost: {reason}; "
+            f"nothing was written. Stop working on it; another process may own it now."
+        )
 
 
 class CorruptItemError(CheckpointerError):

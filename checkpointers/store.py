@@ -14,16 +14,27 @@ before the first backend call, so a bad item never reaches storage.
 'steps/1'
 >>> store.append_step("runs/r1", "1", "fetched").value   # identical: a no-op
 'fetched'
+
+One writer per scope: a lease with a fencing token fences every write made
+under it (see :mod:`checkpointers.leases`):
+
+>>> with store.acquire_lease("runs/r1", owner="worker-1", ttl=30) as lease:
+...     _ = store.set_item("runs/r1", "plan", {"todo": 2}, lease=lease)
+...     store.acquire_lease("runs/r1", owner="worker-2", ttl=30)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+checkpointers.errors.LeaseHeldError: 'runs/r1' is leased by owner 'worker-1' (fencing token ...
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from ._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, run, write_flow
+from ._flows import DELETE_ATTEMPTS, Flow, GetOp, ListOp, arun, new_etag, raise_conflict, run
 from ._integrity import Integrity, IntegrityKeys
 from ._names import (
     ANONYMOUS_USER,
@@ -37,8 +48,9 @@ from ._names import (
     validate_scope,
     validate_user,
 )
-from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record
-from .errors import CorruptItemError, InvalidArgumentError, IsolationError, UnserializableValueError
+from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
+from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, IsolationError, UnserializableValueError
+from .leases import Clock, Lease, LeaseInfo, LeaseSite, acquire, expired_flow, guarded_write_flow, read_flow
 
 __all__ = ["Batch", "Item", "Store", "STEP_PREFIX"]
 
@@ -155,10 +167,16 @@ class Batch:
     written.
     """
 
-    def __init__(self, store: Store, scope: str) -> None:
+    def __init__(self, store: Store, scope: str, lease: Lease | None = None) -> None:
         self._store = store
         self.scope = validate_scope(scope)
         self._partition = store.partition(self.scope)
+        self._site = store.lease_site(self.scope)
+        if lease is not None:
+            if not isinstance(lease, Lease):
+                raise InvalidArgumentError("lease", f"must be a Lease from acquire_lease() or None, got {lease!r}")
+            lease.check_site(self._site)
+        self._lease = lease
         self._names: set[str] = set()
         self._puts: list[Put] = []
         self._deletes: list[Delete] = []
@@ -213,17 +231,13 @@ class Batch:
 
     def flow(self) -> Flow[list[Item]]:
         """The write flow of this batch (used by ``Store.batch``/``abatch``)."""
-        records = yield from write_flow(
-            self._partition,
-            self._puts,
-            self._deletes,
-            self._put_labels + self._delete_labels,
-        )
+        result = yield from self._store.write_flow(self._site, self._puts, self._deletes, self._lease)
+        raise_conflict(result, self._puts, self._deletes, self._put_labels + self._delete_labels)
         integrity = self._store.integrity
-        # records[i] is the stored record of puts[i] (WriteResult), one per put label
+        # result.records[i] is the stored record of puts[i] (WriteResult), one per put label
         self.items = [
             _to_item(integrity, self._partition, self.scope, k, r)
-            for k, r in zip(self._put_labels, records, strict=True)
+            for k, r in zip(self._put_labels, result.records, strict=True)
         ]
         return self.items
 
@@ -254,6 +268,12 @@ class Store:
     without it the seal still binds each record to its place (see
     :mod:`checkpointers._integrity`). ``accept_unsealed`` reads records
     without a trustworthy seal (default: only without a key).
+
+    Leases (:meth:`acquire_lease`, :mod:`checkpointers.leases`): ``clock``
+    (seconds since the epoch, default ``time.time``) dates them;
+    ``unleased="refuse"`` (default) refuses a write without ``lease=`` to a
+    scope another owner holds (:class:`LeaseHeldError`), at the cost of one
+    read of the lease record per write; ``"allow"`` skips that read.
     """
 
     def __init__(
@@ -266,7 +286,11 @@ class Store:
         integrity_key: IntegrityKeys = None,
         accept_unsealed: bool | None = None,
         integrity: Integrity | None = None,
+        clock: Clock = time.time,
+        unleased: Literal["refuse", "allow"] = "refuse",
     ) -> None:
+        if unleased not in ("refuse", "allow"):
+            raise InvalidArgumentError("unleased", f"must be 'refuse' or 'allow', got {unleased!r}")
         if isinstance(max_item_bytes, bool) or not isinstance(max_item_bytes, int) or max_item_bytes <= 0:
             raise InvalidArgumentError("max_item_bytes", f"must be a positive int, got {max_item_bytes!r}")
         self.backend = backend
@@ -274,6 +298,8 @@ class Store:
         self.max_item_bytes = max_item_bytes
         self.require_user = require_user
         self.integrity = integrity or Integrity(integrity_key, accept_unsealed=accept_unsealed)
+        self.clock = clock
+        self.unleased: Literal["refuse", "allow"] = unleased
 
     def for_user(self, user: str) -> Store:
         """A view of the same backend bound to ``user`` (shares connections and integrity keys)."""
@@ -283,6 +309,8 @@ class Store:
             max_item_bytes=self.max_item_bytes,
             require_user=self.require_user,
             integrity=self.integrity,
+            clock=self.clock,
+            unleased=self.unleased,
         )
 
     def partition(self, scope: str) -> Partition:
@@ -295,7 +323,19 @@ class Store:
             return Partition(ANONYMOUS_USER, SPACE, scope)
         return Partition(self.user, SPACE, scope)
 
+    def lease_site(self, scope: str) -> LeaseSite:
+        """Where the lease of ``scope`` lives: its partition's reserved lease record."""
+        return LeaseSite(self.integrity, self.partition(validate_scope(scope)), scope)
+
     # -- flows (no I/O of their own) ------------------------------------
+
+    def write_flow(
+        self, site: LeaseSite, puts: list[Put], deletes: list[Delete], lease: Lease | None
+    ) -> Flow[WriteResult]:
+        """One atomic batch, fenced by ``lease`` (or checked for no other holder); see :mod:`.leases`."""
+        return guarded_write_flow(
+            site, lease, puts, deletes, clock=self.clock, refuse_unleased=self.unleased == "refuse"
+        )
 
     def _get_flow(self, scope: str, key: str) -> Flow[Item | None]:
         validate_scope(scope)
@@ -308,15 +348,27 @@ class Store:
         items = yield from batch.flow()
         return items[0]
 
-    def _delete_flow(self, scope: str, key: str, if_match: str | None) -> Flow[bool]:
+    def _delete_flow(self, scope: str, key: str, if_match: str | None, lease: Lease | None) -> Flow[bool]:
+        """Delete ``key``; without ``if_match`` conditioned on the etag read, read again if it moved."""
         validate_scope(scope)
         name = _name(validate_key(key))
         if_match = _check_etag(if_match)
-        partition = self.partition(scope)
-        if if_match is not None:  # refused unless the item is there with that etag
-            yield from write_flow(partition, [], [Delete(name, if_match)], [key])
-            return True
-        return (yield from delete_present_flow(partition, name, key))
+        site = Batch(self, scope, lease)._site
+        for _ in range(1 if if_match is not None else DELETE_ATTEMPTS):
+            etag = if_match
+            if etag is None:
+                (record,) = yield GetOp(site.partition, [name])
+                if record is None:
+                    return False
+                etag = record.etag
+            deletes = [Delete(name, etag)]
+            result = yield from self.write_flow(site, [], deletes, lease)
+            if result.conflict is None:
+                return True
+            if if_match is not None:  # refused unless the item is there with that etag
+                raise_conflict(result, [], deletes, [key])
+        found = result.conflict.existing if result.conflict else None
+        raise ConcurrencyError(key, etag, found.etag if found else None)
 
     def _list_flow(
         self,
@@ -345,10 +397,22 @@ class Store:
     # -- sync API ---------------------------------------------------------
 
     def create_item(
-        self, scope: str, key: str, value: Any, *, tags: Mapping[str, str] | None = None
+        self,
+        scope: str,
+        key: str,
+        value: Any,
+        *,
+        tags: Mapping[str, str] | None = None,
+        lease: Lease | None = None,
     ) -> Item:
-        """Store a new item; :class:`ConcurrencyError` if ``key`` exists."""
-        return run(self._single_flow(Batch(self, scope).create(key, value, tags=tags)), self.backend)
+        """Store a new item; :class:`ConcurrencyError` if ``key`` exists.
+
+        Every write method takes ``lease=``: the write then commits only if
+        that lease is still current (else :class:`LeaseLostError`, nothing
+        written); see :meth:`acquire_lease`.
+        """
+        batch = Batch(self, scope, lease).create(key, value, tags=tags)
+        return run(self._single_flow(batch), self.backend)
 
     def set_item(
         self,
@@ -358,31 +422,40 @@ class Store:
         *,
         tags: Mapping[str, str] | None = None,
         if_match: str | None = None,
+        lease: Lease | None = None,
     ) -> Item:
         """Create or replace an item (its value and its tags: tags not given are dropped).
 
         With ``if_match``, only if the stored etag is still that one, else
         :class:`ConcurrencyError`.
         """
-        batch = Batch(self, scope).set(key, value, tags=tags, if_match=if_match)
+        batch = Batch(self, scope, lease).set(key, value, tags=tags, if_match=if_match)
         return run(self._single_flow(batch), self.backend)
 
     def append_step(
-        self, scope: str, step: str, value: Any, *, tags: Mapping[str, str] | None = None
+        self,
+        scope: str,
+        step: str,
+        value: Any,
+        *,
+        tags: Mapping[str, str] | None = None,
+        lease: Lease | None = None,
     ) -> Item:
         """Write ``steps/<step>`` once.
 
         The same value again returns the stored item (no-op); a different value
         raises :class:`StepMismatchError` with both digests and keeps the stored one.
         """
-        batch = Batch(self, scope).append_step(step, value, tags=tags)
+        batch = Batch(self, scope, lease).append_step(step, value, tags=tags)
         return run(self._single_flow(batch), self.backend)
 
     def get_item(self, scope: str, key: str) -> Item | None:
         """The item, or ``None``; damaged bytes raise :class:`CorruptItemError`."""
         return run(self._get_flow(scope, key), self.backend)
 
-    def delete_item(self, scope: str, key: str, *, if_match: str | None = None) -> bool:
+    def delete_item(
+        self, scope: str, key: str, *, if_match: str | None = None, lease: Lease | None = None
+    ) -> bool:
         """Delete an item; return whether this call deleted it.
 
         Without ``if_match``: ``False`` if there was nothing to delete; of two
@@ -390,7 +463,7 @@ class Store:
         ``if_match``: deletes only that version (``ConcurrencyError`` if the
         item is absent or has another etag) and returns ``True``.
         """
-        return run(self._delete_flow(scope, key, if_match), self.backend)
+        return run(self._delete_flow(scope, key, if_match, lease), self.backend)
 
     def list_items(
         self,
@@ -404,17 +477,67 @@ class Store:
         """Items of ``scope`` whose key starts with ``prefix`` and carry all ``tags``."""
         return run(self._list_flow(scope, prefix, tags, newest_first, limit), self.backend)
 
-    def batch(self, scope: str) -> Batch:
-        """Collect writes to apply atomically: ``with store.batch(scope) as b: ...``."""
-        return Batch(self, scope)
+    def batch(self, scope: str, *, lease: Lease | None = None) -> Batch:
+        """Collect writes to apply atomically: ``with store.batch(scope) as b: ...``.
+
+        With ``lease=`` the batch commits only if that lease is still current,
+        checked in the same atomic backend write (:mod:`checkpointers.leases`).
+        """
+        return Batch(self, scope, lease)
+
+    # -- leases -------------------------------------------------------------
+
+    def _acquire(self, scope: str, owner: str, ttl: float) -> Flow[Lease]:
+        return acquire(self.lease_site(scope), self.backend, owner, ttl, self.clock)
+
+    def _current(self, scope: str) -> Flow[LeaseInfo | None]:
+        state = yield from read_flow(self.lease_site(scope))
+        return None if state is None else state.info(scope)
+
+    def _expired(self, limit: int) -> Flow[list[LeaseInfo]]:
+        limit = _check_limit(limit) or 0
+        user = self.partition("-").user
+        return (yield from expired_flow(self.integrity, user, SPACE, limit, self.clock))
+
+    def acquire_lease(self, scope: str, owner: str, ttl: float) -> Lease:
+        """Take the single-writer lease of ``scope`` for ``owner`` for ``ttl`` seconds.
+
+        Returns a :class:`~checkpointers.leases.Lease` whose fencing token is
+        greater than every earlier holder's; :class:`LeaseHeldError` (who,
+        until when) if another owner holds an unexpired lease. Acquiring
+        again as the same owner makes a new holder (new token) and fences
+        the old :class:`Lease` object out.
+        """
+        return run(self._acquire(scope, owner, ttl), self.backend)
+
+    def current_lease(self, scope: str) -> LeaseInfo | None:
+        """The lease stored for ``scope`` (held, expired or released), or None."""
+        return run(self._current(scope), self.backend)
+
+    def expired_leases(self, *, limit: int = 100) -> list[LeaseInfo]:
+        """Up to ``limit`` scopes of this store's user whose lease expired without release.
+
+        For recovery: a starting process reclaims them (``acquire_lease``
+        succeeds after the expiry, with a higher token) and resumes the work.
+        One partition listing, then one lease read per scope until ``limit``
+        are found, in scope-name order.
+        """
+        return run(self._expired(limit), self.backend)
 
     # -- async API: the same flows, driven by the backend's async methods --
 
     async def acreate_item(
-        self, scope: str, key: str, value: Any, *, tags: Mapping[str, str] | None = None
+        self,
+        scope: str,
+        key: str,
+        value: Any,
+        *,
+        tags: Mapping[str, str] | None = None,
+        lease: Lease | None = None,
     ) -> Item:
         """Async :meth:`create_item`."""
-        return await arun(self._single_flow(Batch(self, scope).create(key, value, tags=tags)), self.backend)
+        batch = Batch(self, scope, lease).create(key, value, tags=tags)
+        return await arun(self._single_flow(batch), self.backend)
 
     async def aset_item(
         self,
@@ -424,25 +547,34 @@ class Store:
         *,
         tags: Mapping[str, str] | None = None,
         if_match: str | None = None,
+        lease: Lease | None = None,
     ) -> Item:
         """Async :meth:`set_item`."""
-        batch = Batch(self, scope).set(key, value, tags=tags, if_match=if_match)
+        batch = Batch(self, scope, lease).set(key, value, tags=tags, if_match=if_match)
         return await arun(self._single_flow(batch), self.backend)
 
     async def aappend_step(
-        self, scope: str, step: str, value: Any, *, tags: Mapping[str, str] | None = None
+        self,
+        scope: str,
+        step: str,
+        value: Any,
+        *,
+        tags: Mapping[str, str] | None = None,
+        lease: Lease | None = None,
     ) -> Item:
         """Async :meth:`append_step`."""
-        batch = Batch(self, scope).append_step(step, value, tags=tags)
+        batch = Batch(self, scope, lease).append_step(step, value, tags=tags)
         return await arun(self._single_flow(batch), self.backend)
 
     async def aget_item(self, scope: str, key: str) -> Item | None:
         """Async :meth:`get_item`."""
         return await arun(self._get_flow(scope, key), self.backend)
 
-    async def adelete_item(self, scope: str, key: str, *, if_match: str | None = None) -> bool:
+    async def adelete_item(
+        self, scope: str, key: str, *, if_match: str | None = None, lease: Lease | None = None
+    ) -> bool:
         """Async :meth:`delete_item`."""
-        return await arun(self._delete_flow(scope, key, if_match), self.backend)
+        return await arun(self._delete_flow(scope, key, if_match, lease), self.backend)
 
     async def alist_items(
         self,
@@ -456,6 +588,18 @@ class Store:
         """Async :meth:`list_items`."""
         return await arun(self._list_flow(scope, prefix, tags, newest_first, limit), self.backend)
 
-    def abatch(self, scope: str) -> Batch:
+    def abatch(self, scope: str, *, lease: Lease | None = None) -> Batch:
         """Async form: ``async with store.abatch(scope) as b: ...``."""
-        return Batch(self, scope)
+        return Batch(self, scope, lease)
+
+    async def aacquire_lease(self, scope: str, owner: str, ttl: float) -> Lease:
+        """Async :meth:`acquire_lease`."""
+        return await arun(self._acquire(scope, owner, ttl), self.backend)
+
+    async def acurrent_lease(self, scope: str) -> LeaseInfo | None:
+        """Async :meth:`current_lease`."""
+        return await arun(self._current(scope), self.backend)
+
+    async def aexpired_leases(self, *, limit: int = 100) -> list[LeaseInfo]:
+        """Async :meth:`expired_leases`."""
+        return await arun(self._expired(limit), self.backend)

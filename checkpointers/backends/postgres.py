@@ -1,0 +1,797 @@
+"""PostgreSQL backend: psycopg 3, sync and native async, pooled, one round trip per operation.
+
+Every operation is ONE SQL statement, built once by a pure function and sent
+by either face: the sync one on a :class:`psycopg_pool.ConnectionPool`, the
+async one on a :class:`psycopg_pool.AsyncConnectionPool` (one per event loop
+that uses the backend). Connections are in autocommit mode, so a statement is
+its own transaction.
+
+Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
+---------------------------------------------------------------------------
+
+``records(pkey, name, seq, etag, digest, tags, value)``
+    one row per record, primary key ``(pkey, name)`` (``pkey`` is
+    :attr:`Partition.key`, names in ``"C"`` collation: byte order, which is
+    the contract's name order); index ``(pkey, seq)``. ``tags`` is the
+    record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea.
+``tags(pkey, name, k, v, seq)``
+    one row per tag (key and value JSON-encoded, so any string is stored
+    injectively), indexes ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a
+    tag query walks the index of its order inside one partition and stops at
+    its limit; it never reads another partition's tags.
+``partitions(pkey, user_key, name)``
+    one row per non-empty partition: its raw name (``Partition.key`` may be a
+    hash) and the **write lock** of the partition.
+``seq`` (a sequence), ``schema_migrations(v)``.
+
+The schema is created and migrated by the backend itself, on first use or by
+:meth:`PostgresBackend.migrate`: :data:`MIGRATIONS` (read from
+``postgres_schema.sql``), applied in one transaction under
+``pg_advisory_xact_lock``, so several processes starting at once apply each
+migration exactly once.
+
+Writes
+------
+
+A batch is one call of the SQL function ``write_batch`` (one statement, one
+transaction, one round trip). It locks the partition's ``partitions`` row
+(``SELECT ... FOR UPDATE``, inserting it for the first put), so writers of
+one partition queue there; it then checks every condition (create: absent;
+append: absent, or same content digest -> no-op; if_match: the stored etag;
+delete if_match) against the rows as committed, and only then writes. A
+conflict writes nothing. Seqs are drawn from one sequence while the lock is
+held, so they grow strictly within a partition, also across a drop.
+
+Reads, pipelines, PgBouncer
+---------------------------
+
+``get`` is one ``SELECT ... name = ANY(...)``; ``list`` one ``SELECT`` on the
+primary key or a tag index (with ``children``, one statement with a
+materialized CTE: one snapshot); ``partitions`` reads the registry by
+``user_key``. :meth:`PostgresBackend.many` sends independent reads in one
+psycopg pipeline (one round trip). Nothing relies on session state across
+transactions and statements are never prepared on the server
+(``prepare_threshold=None``), so the backend works behind PgBouncer in
+transaction mode (pass ``pipeline=False`` if your pooler cannot forward
+pipelined statements).
+
+Errors and retries
+------------------
+
+Connection loss, server shutdown or start-up, too many connections and
+serialization failures are retried ``retry_attempts`` times with a growing
+backoff (the pool's idle connections are checked after a failure). A write
+whose attempt may have been applied before its reply was lost is retried,
+and a conflict it then meets is checked against the stored records: if they
+carry this batch's own etags (etags are unique per write) the batch is
+reported applied. Then :class:`~checkpointers.errors.BackendUnavailableError`
+is raised, the driver's exception chained. Driver errors that mean a bug
+(syntax, a type, a constraint) are a plain
+:class:`~checkpointers.errors.CheckpointerError`, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from json.encoder import encode_basestring_ascii as _json_str
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from .._names import Partition
+from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
+from . import url_flag
+from .base import (
+    Backend,
+    Conflict,
+    Delete,
+    ListQuery,
+    Mode,
+    Put,
+    Record,
+    WriteResult,
+    check_batch,
+    content_digest,
+    tags_json,
+)
+from .ops import GetOp, ListOp, PartitionsOp
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresBackend"]
+
+T = TypeVar("T")
+
+#: A statement and its parameters.
+_Rows = builtins.list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class _Stmt:
+    sql: str
+    params: Sequence[Any] = ()
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Independent statements sent in one pipeline; the reply is each one's rows, in order."""
+
+    statements: tuple[_Stmt, ...]
+
+
+#: An operation: yields statements, receives each one's rows, returns its result.
+_Op = Generator[Any, Any, T]
+
+
+def _load_migrations() -> builtins.list[builtins.list[str]]:
+    """The ``-- migration N`` blocks of ``postgres_schema.sql``, each a list of statements."""
+    text = resources.files(__package__).joinpath("postgres_schema.sql").read_text("utf-8")
+    blocks = re.split(r"^-- migration (\d+):.*$", text, flags=re.MULTILINE)
+    out: builtins.list[builtins.list[str]] = []
+    for number, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        if int(number) != len(out) + 1:
+            raise RuntimeError(f"postgres_schema.sql: migration {number} out of order")
+        out.append([s.strip() for s in re.split(r"^;;$", body, flags=re.MULTILINE) if s.strip()])
+    return out
+
+
+#: Schema migrations, version = position + 1 (see ``postgres_schema.sql``: append only).
+MIGRATIONS = _load_migrations()
+#: The schema version this module writes.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_URL_OPTIONS = ("schema", "min_size", "max_size", "timeout", "retry_attempts", "pipeline")
+_MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
+_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
+_META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, ''::bytea AS value"
+#: SQLSTATE classes of errors a retry cannot fix although the driver calls them operational.
+_PERMANENT_CLASSES = ("28", "3D", "42", "53100")
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a driver error may go away on its own (connection loss, shutdown, a rollback)."""
+    if isinstance(exc, PoolTimeout):  # the pool already waited its timeout for a connection
+        return False
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.errors.TransactionRollback):
+        return False
+    state = getattr(exc, "sqlstate", None) or ""
+    return not state.startswith(_PERMANENT_CLASSES)
+
+
+class _translate_errors:  # noqa: N801 - used as a function: ``with _translate_errors(where):``
+    """psycopg errors raised in the block become library errors, the driver's chained."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if not isinstance(exc, psycopg.Error):
+            return False
+        detail = f"{type(exc).__name__}: {str(exc).strip()}"
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.errors.TransactionRollback):
+            raise BackendUnavailableError(
+                f"PostgreSQL {self.where} is unavailable ({detail}); check that the server is up and "
+                f"reachable (transient errors were retried)"
+            ) from exc
+        raise CheckpointerError(
+            f"PostgreSQL {self.where}: the server refused the operation ({detail}). This is not an "
+            f"outage and retrying will not help: check the schema's privileges, or report a bug."
+        ) from exc
+
+
+# -- records ---------------------------------------------------------------------------
+
+
+def _record(row: Sequence[Any]) -> Record:
+    """The :class:`Record` of a ``name, seq, etag, digest, tags, value`` row."""
+    name, seq, etag, digest, tags, value = row
+    try:
+        parsed = {} if tags == "{}" else json.loads(tags)
+    except (TypeError, ValueError):
+        parsed = None
+    if type(parsed) is not dict or not all(type(v) is str for v in parsed.values()):
+        raise CorruptItemError(str(name), f"the PostgreSQL row's tags are not a JSON object of strings: {tags!r}")
+    return Record(name, bytes(value), parsed, etag, digest, int(seq))
+
+
+def _written(put: Put, seq: int) -> Record:
+    return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, seq)
+
+
+def _applied_before(puts: Sequence[Put], deletes: Sequence[Delete], stored: Sequence[Record | None]) -> bool:
+    """After a retried write met a conflict: whether the lost attempt applied this very batch.
+
+    Etags are unique per write: a stored record with a put's own etag was
+    written by this batch (atomic, so all of it); a deleted name is absent.
+    """
+    puts_stored, deletes_stored = stored[: len(puts)], stored[len(puts) :]
+    if any(rec is not None for rec in deletes_stored) or any(rec is None for rec in puts_stored):
+        return False
+    own = False
+    for put, rec in zip(puts, puts_stored, strict=True):
+        assert rec is not None  # checked above
+        if rec.etag == put.etag:
+            own = True
+        elif not (put.mode is Mode.APPEND and content_digest(rec.digest) == content_digest(put.digest)):
+            return False
+    return own or not puts
+
+
+def _text(value: str) -> str:
+    """Injective ASCII form of any string (tag keys and values in the ``tags`` table): its JSON."""
+    return _json_str(value)
+
+
+def _name_range(prefix: str) -> tuple[str, str | None] | None:
+    """``[prefix, upper)`` in byte order, or ``None`` when no ASCII name can start with ``prefix``."""
+    if not prefix.isascii() or "\x00" in prefix:
+        return None
+    stripped = prefix.rstrip("\x7f")
+    if not stripped:
+        return prefix, None
+    return prefix, stripped[:-1] + chr(ord(stripped[-1]) + 1)
+
+
+# -- statements (pure) -----------------------------------------------------------------
+
+
+def _get_op(s: str, partition: Partition, names: Sequence[str]) -> _Op[builtins.list[Record | None]]:
+    if not names:
+        return []
+    rows = yield _Stmt(
+        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %s AND r.name = ANY (%s::text[])",
+        (partition.key, builtins.list(names)),
+    )
+    found = {row[0]: _record(row) for row in rows}
+    return [found.get(n) for n in names]
+
+
+def _write_params(partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> builtins.list[Any]:
+    tag_keys: builtins.list[str] = []
+    tag_values: builtins.list[str] = []
+    for put in puts:
+        for k, v in put.tags.items():
+            tag_keys.append(_text(k))
+            tag_values.append(_text(v))
+    return [
+        partition.key,
+        partition.user_key,
+        partition.name.encode("utf-8", "surrogatepass"),
+        [p.name for p in puts],
+        [_MODES[p.mode] for p in puts],
+        [p.if_match for p in puts],
+        [p.etag for p in puts],
+        [p.digest for p in puts],
+        [content_digest(p.digest) for p in puts],
+        [tags_json(p.tags) for p in puts],
+        [p.value for p in puts],
+        [len(p.tags) for p in puts],
+        tag_keys,
+        tag_values,
+        [d.name for d in deletes],
+        [d.if_match for d in deletes],
+    ]
+
+
+_WRITE_SQL = (
+    "SELECT st, i, name, seq, etag, digest, tags, value FROM {s}.write_batch(%s, %s, %s, "
+    "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], "
+    "%s::int[], %s::text[], %s::text[], %s::text[], %s::text[])"
+)
+
+
+def _write_op(
+    s: str, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete], retried: bool
+) -> _Op[WriteResult]:
+    check_batch(puts, deletes)
+    if not puts and not deletes:
+        return WriteResult(records=[])
+    rows = yield _Stmt(_WRITE_SQL.format(s=s), _write_params(partition, puts, deletes))
+    if rows and rows[0][0] == 1:
+        _, index, name, seq, *_ = rows[0]
+        if retried:  # an earlier attempt may have applied this batch before its reply was lost
+            names = [p.name for p in puts] + [d.name for d in deletes]
+            stored = yield from _get_op(s, partition, names)
+            if _applied_before(puts, deletes, stored):
+                return WriteResult(records=[r for r in stored[: len(puts)] if r is not None])
+        existing = None if seq is None else _record(rows[0][2:])
+        return WriteResult(records=[], conflict=Conflict(index, name, existing))
+    by_index = {row[1]: row for row in rows}
+    return WriteResult(
+        records=[
+            _written(put, by_index[i][3]) if by_index[i][0] == 0 else _record(by_index[i][2:])
+            for i, put in enumerate(puts)
+        ]
+    )
+
+
+def _list_where(alias: str, partition: Partition, query: ListQuery) -> tuple[builtins.list[str], builtins.list[Any]]:
+    """``WHERE`` terms on ``alias`` (records or tags rows) for partition, prefix, depth and range."""
+    where: builtins.list[str] = [f"{alias}.pkey = %s"]
+    params: builtins.list[Any] = [partition.key]
+    bounds = _name_range(query.prefix)
+    assert bounds is not None  # checked by the caller
+    if query.prefix:
+        where.append(f"{alias}.name >= %s")
+        params.append(bounds[0])
+        if bounds[1] is not None:
+            where.append(f"{alias}.name < %s")
+            params.append(bounds[1])
+    if query.depth is not None:  # the '/' in the name: the prefix's own plus ``depth``
+        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = %s")
+        params.append(query.prefix.count("/") + query.depth)
+    cast = "::text" if query.order == "name" else "::bigint"
+    if query.start is not None:
+        where.append(f"{alias}.{query.order} >= %s{cast}")
+        params.append(query.start)
+    if query.stop is not None:
+        where.append(f"{alias}.{query.order} < %s{cast}")
+        params.append(query.stop)
+    return where, params
+
+
+def _pick_sql(s: str, partition: Partition, query: ListQuery) -> tuple[str, builtins.list[Any]]:
+    """The ``SELECT`` of the records ``query`` selects, ordered and limited, every filter in SQL."""
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    direction = "DESC" if query.descending else "ASC"
+    if not query.tags:
+        where, params = _list_where("r", partition, query)
+        sql = f"SELECT {cols} FROM {s}.records AS r WHERE {' AND '.join(where)} ORDER BY r.{query.order} {direction}"
+    else:
+        # walk the first tag's index in the query's order; the others are checked per row
+        (k0, v0), *others = query.tags.items()
+        where, params = _list_where("t", partition, query)
+        where += ["t.k = %s", "t.v = %s"]
+        params += [_text(k0), _text(v0)]
+        for k, v in others:
+            where.append(
+                f"EXISTS (SELECT 1 FROM {s}.tags AS o WHERE o.pkey = t.pkey AND o.name = t.name "
+                "AND o.k = %s AND o.v = %s)"
+            )
+            params += [_text(k), _text(v)]
+        sql = (
+            f"SELECT {cols} FROM {s}.tags AS t JOIN {s}.records AS r ON r.pkey = t.pkey AND r.name = t.name "
+            f"WHERE {' AND '.join(where)} ORDER BY t.{query.order} {direction}"
+        )
+    if query.limit is not None:
+        sql += " LIMIT %s"
+        params.append(query.limit)
+    return sql, params
+
+
+def _list_op(s: str, partition: Partition, query: ListQuery) -> _Op[builtins.list[Record]]:
+    if query.order not in ("name", "seq"):
+        raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
+    if _name_range(query.prefix) is None or query.limit == 0:
+        return []  # names are ASCII: nothing starts with this prefix
+    sql, params = _pick_sql(s, partition, query)
+    if not query.children:
+        picks = [_record(row) for row in (yield _Stmt(sql, params))]
+        _check_tagged(query, picks)
+        return picks
+    cols = _COLUMNS if query.values else _META_COLUMNS
+    rows = yield _Stmt(
+        f"WITH p AS MATERIALIZED ({sql}) "
+        "SELECT 0, p.name, p.* FROM p UNION ALL "
+        f"SELECT 1, p.name, {cols.replace('r.', 'c.')} FROM p JOIN {s}.records AS c ON c.pkey = %s "
+        "AND c.name >= p.name || '/' AND c.name < p.name || '0'",
+        (*params, partition.key),
+    )
+    return _with_children(query, rows)
+
+
+def _with_children(query: ListQuery, rows: _Rows) -> builtins.list[Record]:
+    """Picks in the query's order, each followed by its children in name order."""
+    picks = sorted((_record(r[2:]) for r in rows if r[0] == 0), key=query.sort_key, reverse=query.descending)
+    _check_tagged(query, picks)
+    children: dict[str, builtins.list[Record]] = {}
+    for r in rows:
+        if r[0] == 1:
+            children.setdefault(r[1], []).append(_record(r[2:]))
+    out: builtins.list[Record] = []
+    for pick in picks:
+        out.append(pick)
+        out.extend(sorted(children.get(pick.name, ()), key=lambda c: c.name))
+    return out
+
+
+def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
+    """Every record a tag query found through the ``tags`` table carries those tags in its own row."""
+    for rec in picks:
+        if any(rec.tags.get(k) != v for k, v in query.tags.items()):
+            raise CorruptItemError(rec.name, "the PostgreSQL tags table lists it under tags its own row does not carry")
+
+
+def _partitions_op(s: str, user: str, space: str) -> _Op[builtins.list[str]]:
+    user_key = Partition(user, space, "").user_key
+    rows = yield _Stmt(f"SELECT p.pkey, p.name FROM {s}.partitions AS p WHERE p.user_key = %s", (user_key,))
+    names: builtins.list[str] = []
+    for pkey, raw in rows:
+        try:
+            name: str | None = bytes(raw).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            name = None
+        if name is None or Partition(user, space, name).key != pkey:
+            raise CorruptItemError(str(pkey), "the PostgreSQL partitions row does not name the partition of its key")
+        names.append(name)
+    return sorted(names)
+
+
+def _drop_op(s: str, partition: Partition) -> _Op[int]:
+    rows = yield _Stmt(f"SELECT {s}.drop_partition(%s)", (partition.key,))
+    return int(rows[0][0])
+
+
+def _migrate_op(s: str) -> _Op[int]:
+    """Apply the missing migrations (run inside one transaction); returns the version found first."""
+    rows = yield _Stmt("SELECT to_regclass(%s)", (f"{s}.schema_migrations",))
+    if rows[0][0] is not None:
+        (version,) = (yield _Stmt(f"SELECT coalesce(max(v), 0) FROM {s}.schema_migrations"))[0]
+        if version == SCHEMA_VERSION:
+            return int(version)
+    yield _Stmt("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"checkpointers.migrate.{s}",))
+    yield _Stmt(f"CREATE SCHEMA IF NOT EXISTS {s}")
+    yield _Stmt(f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
+    (version,) = (yield _Stmt(f"SELECT coalesce(max(v), 0) FROM {s}.schema_migrations"))[0]
+    if version > SCHEMA_VERSION:
+        raise CheckpointerError(
+            f"the PostgreSQL schema {s!r} has version {version}, newer than this release understands "
+            f"({SCHEMA_VERSION}); upgrade checkpointers to use it"
+        )
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[v - 1]:
+            yield _Stmt(statement.replace("@schema", s))
+        yield _Stmt(f"INSERT INTO {s}.schema_migrations (v) VALUES (%s)", (v,))
+    return int(version)
+
+
+def _start(op: _Op[T]) -> tuple[Any, T | None]:
+    """The first statement of ``op``, or its result if it needs none."""
+    try:
+        return next(op), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+def _step(op: _Op[T], rows: Any) -> tuple[Any, T | None]:
+    """Hand ``rows`` to ``op``: its next statement, or its result."""
+    try:
+        return op.send(rows), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+#: Operations :meth:`PostgresBackend.many` may send in one pipeline (reads).
+_READS = (GetOp, ListOp, PartitionsOp)
+
+
+# -- the backend -------------------------------------------------------------------------
+
+
+class PostgresBackend(Backend):
+    """Records in PostgreSQL tables, shared by any number of threads, processes and hosts.
+
+    ``conninfo`` is a libpq connection string or URL. ``schema`` names the
+    PostgreSQL schema holding the tables (created if missing; lowercase
+    letters, digits, ``_``). ``min_size`` / ``max_size`` size each pool (one
+    sync, one per event loop used); ``timeout`` bounds the wait for a
+    connection; ``retry_attempts`` and ``retry_backoff`` bound the retries of
+    transient errors (see the module docstring); ``pipeline=False`` sends the
+    reads of :meth:`many` one by one.
+
+    Nothing connects until the first operation (or :meth:`migrate`), which
+    also creates or migrates the schema.
+    """
+
+    kind = "postgres"
+
+    def __init__(
+        self,
+        conninfo: str = "",
+        *,
+        schema: str = "checkpointers",
+        min_size: int = 1,
+        max_size: int = 8,
+        timeout: float = 10.0,
+        retry_attempts: int = 4,
+        retry_backoff: float = 0.05,
+        pipeline: bool = True,
+    ) -> None:
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(
+                f"schema must be 1-63 lowercase letters, digits or '_', not starting with a digit; got {schema!r}"
+            )
+        if timeout <= 0 or retry_attempts < 0 or not 0 < min_size <= max_size:
+            raise ValueError("need timeout > 0, retry_attempts >= 0 and 0 < min_size <= max_size")
+        self.conninfo, self.schema, self.timeout = conninfo, schema, float(timeout)
+        self.min_size, self.max_size, self.pipeline = min_size, max_size, pipeline
+        self.retry_attempts, self.retry_backoff = retry_attempts, retry_backoff
+        self._where = f"schema {schema!r}"
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool | None = None
+        self._apools: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool]] = {}
+        self._ready = False
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresBackend:
+        """Open ``postgresql://user@host:5432/db?schema=x`` (``postgres://`` too).
+
+        Query options :data:`_URL_OPTIONS` (``schema``, ``min_size``,
+        ``max_size``, ``timeout``, ``retry_attempts``, ``pipeline``) are the
+        backend's; every other one (``sslmode``, ``connect_timeout``,
+        ``application_name``...) is passed to libpq. Keyword ``options``
+        override the URL's.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"not a postgresql:// URL: {url!r}")
+        ours: dict[str, Any] = {}
+        libpq: builtins.list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            (ours.__setitem__(key, value) if key in _URL_OPTIONS else libpq.append((key, value)))
+        for key in ("min_size", "max_size", "retry_attempts"):
+            if key in ours:
+                ours[key] = int(ours[key])
+        if "timeout" in ours:
+            ours["timeout"] = float(ours["timeout"])
+        if "pipeline" in ours:
+            ours["pipeline"] = url_flag("pipeline", ours["pipeline"])
+        ours.update(options)
+        return cls(urlunsplit(parts._replace(query=urlencode(libpq))), **ours)
+
+    # -- the five operations: one line each, the statements are the functions above --
+
+    def get(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
+        return self._run(lambda retried: _get_op(self.schema, partition, names))
+
+    def write(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
+        return self._run(lambda retried: _write_op(self.schema, partition, puts, deletes, retried))
+
+    def partitions(self, user: str, space: str) -> builtins.list[str]:
+        return self._run(lambda retried: _partitions_op(self.schema, user, space))
+
+    def drop(self, partition: Partition) -> int:
+        return self._run(lambda retried: _drop_op(self.schema, partition))
+
+    async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
+        return await self._arun(lambda retried: _get_op(self.schema, partition, names))
+
+    async def awrite(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
+        return await self._arun(lambda retried: _write_op(self.schema, partition, puts, deletes, retried))
+
+    async def apartitions(self, user: str, space: str) -> builtins.list[str]:
+        return await self._arun(lambda retried: _partitions_op(self.schema, user, space))
+
+    async def adrop(self, partition: Partition) -> int:
+        return await self._arun(lambda retried: _drop_op(self.schema, partition))
+
+    def migrate(self) -> int:
+        """Create or migrate the schema now (idempotent); returns the version found before."""
+        version = self._run(lambda retried: _migrate_op(self.schema), transaction=True, setup=False)
+        self._ready = True
+        return version
+
+    async def amigrate(self) -> int:
+        """Async :meth:`migrate`."""
+        version = await self._arun(lambda retried: _migrate_op(self.schema), transaction=True, setup=False)
+        self._ready = True
+        return version
+
+    # -- sync execution ------------------------------------------------------------------
+
+    def _sync_pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
+            if self._pool is None:
+                pool = ConnectionPool(self.conninfo, **self._pool_options(), open=False)
+                pool.open(wait=False)
+                self._pool = pool
+            return self._pool
+
+    def _pool_options(self) -> dict[str, Any]:
+        return {
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "timeout": self.timeout,
+            "kwargs": {"autocommit": True, "prepare_threshold": None},
+            "name": f"checkpointers-{self.schema}",
+        }
+
+    def _run(self, make: Callable[[bool], _Op[T]], transaction: bool = False, setup: bool = True) -> T:
+        """Run the operation ``make(retried)`` builds, retrying transient errors (a fresh op each time)."""
+        if setup and not self._ready:
+            self.migrate()
+        with _translate_errors(self._where):
+            for attempt in range(self.retry_attempts + 1):
+                pool = self._sync_pool()
+                try:
+                    with pool.connection() as conn:
+                        if not transaction:
+                            return _drive(conn, make(attempt > 0))
+                        with conn.transaction():
+                            return _drive(conn, make(attempt > 0))
+                except psycopg.Error as exc:
+                    delay = self._delay(exc, attempt)
+                pool.check()  # drop the idle connections a restart or a network cut left dead
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
+    def _delay(self, exc: psycopg.Error, attempt: int) -> float:
+        """Seconds before retry ``attempt`` (0-based), or re-raise ``exc`` when it is not worth one."""
+        if not _transient(exc) or attempt >= self.retry_attempts:
+            raise exc
+        return self.retry_backoff * 2.0**attempt * (0.5 + random.random() / 2)
+
+    # -- async execution -----------------------------------------------------------------
+
+    async def _async_pool(self) -> AsyncConnectionPool:
+        """This event loop's pool, opened on first use (pools of closed loops are forgotten)."""
+        if self._closed:
+            raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
+        loop = asyncio.get_running_loop()
+        task = self._apools.get(loop)
+        if task is None:
+            for old in [lp for lp in self._apools if lp.is_closed()]:
+                del self._apools[old]
+            task = self._apools[loop] = loop.create_task(self._open_async_pool())
+        return await asyncio.shield(task)
+
+    async def _open_async_pool(self) -> AsyncConnectionPool:
+        pool: AsyncConnectionPool = AsyncConnectionPool(self.conninfo, **self._pool_options(), open=False)
+        await pool.open(wait=False)
+        return pool
+
+    async def _arun(self, make: Callable[[bool], _Op[T]], transaction: bool = False, setup: bool = True) -> T:
+        """Async :meth:`_run`."""
+        if setup and not self._ready:
+            await self.amigrate()
+        with _translate_errors(self._where):
+            for attempt in range(self.retry_attempts + 1):
+                pool = await self._async_pool()
+                try:
+                    async with pool.connection() as conn:
+                        if not transaction:
+                            return await _adrive(conn, make(attempt > 0))
+                        async with conn.transaction():
+                            return await _adrive(conn, make(attempt > 0))
+                except psycopg.Error as exc:
+                    delay = self._delay(exc, attempt)
+                await pool.check()
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- many: independent reads in one pipeline -------------------------------------------
+
+    def _reads(self, ops: Sequence[Any]) -> builtins.list[_Op[Any]] | None:
+        """The operations of ``ops`` as statements' generators, if all are reads worth a pipeline."""
+        if not self.pipeline or len(ops) < 2 or not all(isinstance(op, _READS) for op in ops):
+            return None
+        out: builtins.list[_Op[Any]] = []
+        for op in ops:
+            if isinstance(op, GetOp):
+                out.append(_get_op(self.schema, op.partition, op.names))
+            elif isinstance(op, ListOp):
+                out.append(_list_op(self.schema, op.partition, op.query))
+            else:
+                out.append(_partitions_op(self.schema, op.user, op.space))
+        return out
+
+    def many(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """Independent reads in one psycopg pipeline (one round trip); anything else one by one."""
+        if self._reads(ops) is None:
+            return super().many(ops)
+        return self._run(lambda retried: _parallel(self._reads(ops) or []))
+
+    async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """Async :meth:`many`: reads pipelined, anything else concurrently."""
+        if self._reads(ops) is None:
+            return await super().amany(ops)
+        return await self._arun(lambda retried: _parallel(self._reads(ops) or []))
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the sync pool and forget the async ones (``aclose`` closes this loop's)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            self._apools.clear()
+        if pool is not None:
+            pool.close()
+
+    async def aclose(self) -> None:
+        """Close this event loop's pool and the sync one."""
+        task = self._apools.get(asyncio.get_running_loop()) if not self._closed else None
+        if task is not None:
+            try:
+                pool = await task
+            except Exception:  # never opened: nothing to close
+                pool = None
+            if pool is not None:
+                await pool.close()
+        if self._pool is not None:
+            await asyncio.to_thread(self.close)
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self._where})"
+
+    # (list and alist come last: below them, ``list`` in this class body names the method)
+
+    def list(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
+        return self._run(lambda retried: _list_op(self.schema, partition, query))
+
+    async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
+        return await self._arun(lambda retried: _list_op(self.schema, partition, query))
+
+
+# -- drivers: run an operation's statements on one connection ------------------------------
+
+
+def _drive(conn: psycopg.Connection[Any], op: _Op[T]) -> T:
+    stmt, result = _start(op)
+    while stmt is not None:
+        if isinstance(stmt, _Batch):
+            with conn.pipeline():
+                cursors = [conn.execute(s.sql, s.params, binary=True) for s in stmt.statements]
+            rows: Any = [_fetched(cur) for cur in cursors]
+        else:
+            rows = _fetched(conn.execute(stmt.sql, stmt.params, binary=True))
+        stmt, result = _step(op, rows)
+    return result  # type: ignore[return-value]
+
+
+async def _adrive(conn: psycopg.AsyncConnection[Any], op: _Op[T]) -> T:
+    stmt, result = _start(op)
+    while stmt is not None:
+        if isinstance(stmt, _Batch):
+            async with conn.pipeline():
+                cursors = [await conn.execute(s.sql, s.params, binary=True) for s in stmt.statements]
+            rows: Any = [await _afetched(cur) for cur in cursors]
+        else:
+            rows = await _afetched(await conn.execute(stmt.sql, stmt.params, binary=True))
+        stmt, result = _step(op, rows)
+    return result  # type: ignore[return-value]
+
+
+def _fetched(cur: psycopg.Cursor[Any]) -> _Rows:
+    """The rows of a statement (none for DDL)."""
+    return cur.fetchall() if cur.description is not None else []
+
+
+async def _afetched(cur: psycopg.AsyncCursor[Any]) -> _Rows:
+    return await cur.fetchall() if cur.description is not None else []
+
+
+def _parallel(ops: Sequence[_Op[Any]]) -> _Op[builtins.list[Any]]:
+    """Run independent operations: their first statements in one pipeline, any later ones in turn."""
+    started = [_start(op) for op in ops]
+    pending = [i for i, (stmt, _) in enumerate(started) if stmt is not None]
+    results = [result for _, result in started]
+    if pending:
+        batch = _Batch(tuple(started[i][0] for i in pending))
+        replies: Any = yield batch
+        for i, rows in zip(pending, replies, strict=True):
+            stmt, results[i] = _step(ops[i], rows)
+            while stmt is not None:  # not one of the reads of many(): each has one statement
+                stmt, results[i] = _step(ops[i], (yield stmt))
+    return results

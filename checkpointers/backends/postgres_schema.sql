@@ -1,0 +1,148 @@
+-- checkpointers PostgreSQL schema, one migration per "-- migration N" block.
+--
+-- Migrations are APPENDED, never edited or removed: a block's number is its
+-- schema version and databases created by older releases apply only the
+-- blocks they lack. Every block runs in the migration transaction, under
+-- pg_advisory_xact_lock, so several processes starting at once apply it
+-- exactly once. "@schema" is replaced by the backend's (validated) schema
+-- name. Statements are separated by a line holding only ";;".
+
+-- migration 1: records, their tags, the partition registry (which is also
+-- the per-partition write lock), the seq sequence, the write and drop
+-- functions (one round trip, one transaction per batch).
+CREATE TABLE @schema.partitions (
+    pkey     text  COLLATE "C" PRIMARY KEY,
+    user_key text  COLLATE "C" NOT NULL,
+    name     bytea NOT NULL
+)
+;;
+CREATE INDEX partitions_user ON @schema.partitions (user_key)
+;;
+CREATE TABLE @schema.records (
+    pkey   text   COLLATE "C" NOT NULL,
+    name   text   COLLATE "C" NOT NULL,
+    seq    bigint NOT NULL,
+    etag   text   NOT NULL,
+    digest text   NOT NULL,
+    tags   text   NOT NULL,
+    value  bytea  NOT NULL,
+    PRIMARY KEY (pkey, name)
+)
+;;
+CREATE INDEX records_seq ON @schema.records (pkey, seq)
+;;
+CREATE TABLE @schema.tags (
+    pkey text   COLLATE "C" NOT NULL,
+    name text   COLLATE "C" NOT NULL,
+    k    text   COLLATE "C" NOT NULL,
+    v    text   COLLATE "C" NOT NULL,
+    seq  bigint NOT NULL,
+    PRIMARY KEY (pkey, name, k)
+)
+;;
+CREATE INDEX tags_kv_name ON @schema.tags (pkey, k, v, name)
+;;
+CREATE INDEX tags_kv_seq ON @schema.tags (pkey, k, v, seq)
+;;
+CREATE SEQUENCE @schema.seq AS bigint
+;;
+-- One conditional batch. Every writer of a partition first locks its
+-- partitions row (created here by the first put), so writers of one
+-- partition queue and each sees the last one's commit; seqs come from one
+-- sequence drawn under that lock, so they only grow within a partition (also
+-- after a drop). Every condition is checked before anything is written; a
+-- conflict returns one row (st = 1) and writes nothing. Otherwise one row
+-- per put: st = 0 written (its new seq), st = 2 an append no-op (the stored
+-- record). Arrays: n/m/im/et/dg/cd/tg/vl/tc per put (name, mode u/c/a/i,
+-- if_match, etag, digest, content digest, tags JSON, value, tag count), tk/tv
+-- the tag rows of all puts in order, dn/di per delete (name, if_match).
+CREATE FUNCTION @schema.write_batch(
+    p_pkey text, p_user_key text, p_name bytea,
+    n text[], m text[], im text[], et text[], dg text[], cd text[], tg text[], vl bytea[], tc int[],
+    tk text[], tv text[], dn text[], di text[]
+) RETURNS TABLE (st int, i int, name text, seq bigint, etag text, digest text, tags text, value bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    np int := coalesce(array_length(n, 1), 0);
+    nd int := coalesce(array_length(dn, 1), 0);
+    hit boolean[] := array_fill(false, ARRAY[np + 1]);
+    cur_etag text;
+    cur_digest text;
+    s bigint;
+    off int := 0;
+BEGIN
+    LOOP
+        PERFORM 1 FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
+        EXIT WHEN FOUND OR np = 0;
+        INSERT INTO @schema.partitions AS p (pkey, user_key, name) VALUES (p_pkey, p_user_key, p_name)
+            ON CONFLICT (pkey) DO NOTHING;
+    END LOOP;
+    FOR x IN 1..np LOOP
+        SELECT r.etag, r.digest INTO cur_etag, cur_digest
+            FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        hit[x] := FOUND;
+        IF (m[x] = 'c' AND hit[x])
+           OR (m[x] = 'i' AND (NOT hit[x] OR cur_etag IS DISTINCT FROM im[x]))
+           OR (m[x] = 'a' AND hit[x] AND split_part(cur_digest, '.', 1) <> cd[x]) THEN
+            RETURN QUERY SELECT 1, x - 1, n[x], r.seq, r.etag, r.digest, r.tags, r.value
+                FROM (SELECT 1) AS one
+                LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = n[x];
+            RETURN;
+        END IF;
+    END LOOP;
+    FOR x IN 1..nd LOOP
+        CONTINUE WHEN di[x] IS NULL;
+        SELECT r.etag INTO cur_etag FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = dn[x];
+        IF NOT FOUND OR cur_etag IS DISTINCT FROM di[x] THEN
+            RETURN QUERY SELECT 1, np + x - 1, dn[x], r.seq, r.etag, r.digest, r.tags, r.value
+                FROM (SELECT 1) AS one
+                LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = dn[x];
+            RETURN;
+        END IF;
+    END LOOP;
+    FOR x IN 1..np LOOP
+        IF m[x] = 'a' AND hit[x] THEN
+            RETURN QUERY SELECT 2, x - 1, r.name, r.seq, r.etag, r.digest, r.tags, r.value
+                FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        ELSE
+            s := nextval('@schema.seq');
+            INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                VALUES (p_pkey, n[x], s, et[x], dg[x], tg[x], vl[x])
+                ON CONFLICT ON CONSTRAINT records_pkey DO UPDATE SET seq = EXCLUDED.seq, etag = EXCLUDED.etag,
+                    digest = EXCLUDED.digest, tags = EXCLUDED.tags, value = EXCLUDED.value;
+            IF hit[x] THEN
+                DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = n[x];
+            END IF;
+            IF tc[x] > 0 THEN
+                INSERT INTO @schema.tags (pkey, name, k, v, seq)
+                    SELECT p_pkey, n[x], tk[j], tv[j], s FROM generate_series(off + 1, off + tc[x]) AS j;
+            END IF;
+            RETURN QUERY SELECT 0, x - 1, NULL::text, s, NULL::text, NULL::text, NULL::text, NULL::bytea;
+        END IF;
+        off := off + tc[x];
+    END LOOP;
+    IF nd > 0 THEN
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = ANY (dn);
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (dn);
+        IF NOT EXISTS (SELECT 1 FROM @schema.records AS r WHERE r.pkey = p_pkey) THEN
+            DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        END IF;
+    END IF;
+END
+$fn$
+;;
+-- Delete a whole partition under its lock; returns how many records went.
+CREATE FUNCTION @schema.drop_partition(p_pkey text) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    c bigint;
+BEGIN
+    PERFORM 1 FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
+    DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
+    DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
+    GET DIAGNOSTICS c = ROW_COUNT;
+    DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+    RETURN c;
+END
+$fn$

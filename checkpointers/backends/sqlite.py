@@ -164,7 +164,6 @@ from .base import (
     Record,
     WriteResult,
     check_batch,
-    children_range,
     evaluate,
     tags_json,
 )
@@ -942,37 +941,87 @@ def _write_checked(
     return WriteResult(records=_applied(puts, seqs, kept)), after, reclaimed
 
 
-def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
-    """The ``SELECT`` for :meth:`Backend.list`: every filter in SQL, in index order.
+#: The shape of a listing's range filters: whether it has a prefix, a prefix bound, a depth, a start, a stop.
+_Ranges = tuple[bool, bool, bool, bool, bool]
 
-    Without tags, two phases: the inner query picks the rowids (filters,
-    order, limit) while reading only the small columns; the outer one reads
-    the values of just those rows. With tags, see :func:`_tagged_list_sql`.
+
+def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
+    """The one ``SELECT`` of :meth:`Backend.list`: every filter in SQL, in index order.
+
+    Its text depends only on the query's shape (which filters it has, its
+    order, a limit or not, how many tags, values, children), never on the
+    values, and is built once per shape (:func:`_shaped_sql`), so ``sqlite3``'s
+    statement cache reuses the prepared statement. Without tags, the rows are
+    picked on an index and only the picked rows are read (no sort of values);
+    with tags, see :func:`_tagged_sql`; with ``children``, the picks and their
+    children are one statement (:func:`_with_children_sql`).
     """
     if query.order not in ("name", "seq"):
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
-    if query.tags:
-        return _tagged_list_sql(pkey, query)
-    order = f"r.{query.order} {'DESC' if query.descending else 'ASC'}"
+    shape, range_params = _range_params(query)
+    params: list[Any] = [pkey]
+    for k, v in query.tags.items():
+        params += [_text(k), _text(v)]
+    params += range_params
+    if query.limit is not None:
+        params.append(query.limit)
+    if query.children:
+        params.append(pkey)
+    limited = query.limit is not None
+    sql = _shaped_sql(query.order, query.descending, limited, len(query.tags), shape, query.values, query.children)
+    return sql, params
+
+
+@functools.lru_cache(maxsize=256)
+def _shaped_sql(
+    order: str, descending: bool, limited: bool, tags: int, shape: _Ranges, values: bool, children: bool
+) -> str:
+    """The text of :func:`_list_sql`'s statement for one query shape."""
+    cols = _COLUMNS if values else _META_COLUMNS
+    direction = "DESC" if descending else "ASC"
+    if tags:
+        if children:
+            picks = _tagged_sql("t.name AS name, t.{order} AS pos", order, direction, limited, tags, shape)
+            return _with_children_sql(picks, cols, direction)
+        return _tagged_sql(cols, order, direction, limited, tags, shape)
     source = "records AS r"
-    if query.order == "seq" and query.limit is not None:
+    if order == "seq" and limited:
         # "the newest N under a prefix": walk the seq index and stop after N
         # matches, instead of sorting every record under the prefix (SQLite
         # has no statistics on how selective a prefix is, and usually picks
         # the sort). A prefix matching few records among many costs a scan
         # of the partition's seq index, never a read of values.
         source = "records AS r INDEXED BY records_seq"
-    ranges, range_params = _range_filters("r", query)
-    params: list[Any] = [pkey, *range_params]
-    inner = f"SELECT r.rowid FROM {source} WHERE {' AND '.join(['r.pkey = ?', *ranges])}"
-    if query.limit is not None:  # the order only matters to pick the first ``limit``
-        inner += f" ORDER BY {order} LIMIT ?"
-        params.append(query.limit)
-    cols = _COLUMNS if query.values else _META_COLUMNS
-    return f"SELECT {cols} FROM records AS r WHERE r.rowid IN ({inner}) ORDER BY {order}", params
+    where = " AND ".join(["r.pkey = ?", *_range_sql("r", order, shape)])
+    tail = f" ORDER BY r.{order} {direction} LIMIT ?" if limited else ""
+    if children:
+        picks = f"SELECT r.name AS name, r.{order} AS pos FROM {source} WHERE {where}{tail}"
+        return _with_children_sql(picks, cols, direction)
+    if order == "name":
+        # the primary key's order: the filters are checked on the index entry
+        # and only matching rows are read (SQLite defers the row seek), no sort
+        order_by = tail or f" ORDER BY r.name {direction}"
+        return f"SELECT {cols} FROM records AS r WHERE {where}{order_by}"
+    inner = f"SELECT r.rowid FROM {source} WHERE {where}{tail}"
+    return f"SELECT {cols} FROM records AS r WHERE r.rowid IN ({inner}) ORDER BY r.seq {direction}"
 
 
-def _tagged_list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
+def _with_children_sql(picks: str, cols: str, direction: str) -> str:
+    """Each pick of ``picks`` (columns ``name``, ``pos``), then its children in name order: one statement.
+
+    A child of ``n`` is named ``n/...``: the range ``[n, n + "0")`` holds ``n``,
+    its children, and names continuing ``n`` with ``%`` or ``-`` (below
+    ``/``), which the last term drops. One statement reads one snapshot.
+    """
+    return (
+        f"WITH p AS ({picks}) SELECT {cols} FROM p CROSS JOIN records AS r "
+        "WHERE r.pkey = ? AND r.name >= p.name AND r.name < p.name || '0' "
+        "AND (r.name = p.name OR substr(r.name, length(p.name) + 1, 1) = '/') "
+        f"ORDER BY p.pos {direction}, r.name"
+    )
+
+
+def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int, shape: _Ranges) -> str:
     """A tag-filtered list, driven by the first tag's index in the query's order.
 
     The rows of the first tag are walked in ``tags_seq`` (``pkey, k, v, seq``)
@@ -982,72 +1031,79 @@ def _tagged_list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
     checked per row by a primary-key lookup, and prefix and range filters on
     the tag row itself, before its record is read. A query whose first tag
     matches many records but whose other tags match few walks the first
-    tag's rows; put the most selective tag first.
+    tag's rows; put the most selective tag first. ``cols`` may name ``t.{order}``.
     """
-    (k0, v0), *others = query.tags.items()
-    index = "tags_seq" if query.order == "seq" else "tags_kv"
+    index = "tags_seq" if order == "seq" else "tags_kv"
     where = ["t.pkey = ?", "t.k = ?", "t.v = ?"]
-    params: list[Any] = [pkey, _text(k0), _text(v0)]
-    for k, v in others:
-        where.append(
-            "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name "
-            "AND o.k = ? AND o.v = ?)"
-        )
-        params += [_text(k), _text(v)]
-    ranges, range_params = _range_filters("t", query)
-    where += [*ranges, "r.pkey = t.pkey", "r.name = t.name"]
-    params += range_params
-    cols = _COLUMNS if query.values else _META_COLUMNS
+    where += [
+        "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name AND o.k = ? AND o.v = ?)"
+    ] * (tags - 1)
+    where += [*_range_sql("t", order, shape), "r.pkey = t.pkey", "r.name = t.name"]
     sql = (
-        f"SELECT {cols} FROM tags AS t INDEXED BY {index} CROSS JOIN records AS r "
-        f"WHERE {' AND '.join(where)} ORDER BY t.{query.order} {'DESC' if query.descending else 'ASC'}"
+        f"SELECT {cols.format(order=order)} FROM tags AS t INDEXED BY {index} CROSS JOIN records AS r "
+        f"WHERE {' AND '.join(where)} ORDER BY t.{order} {direction}"
     )
-    if query.limit is not None:
-        sql += " LIMIT ?"
-        params.append(query.limit)
-    return sql, params
+    return sql + " LIMIT ?" if limited else sql
 
 
-def _range_filters(alias: str, query: ListQuery) -> tuple[list[str], list[Any]]:
-    """``WHERE`` terms on ``alias`` and their parameters for the prefix and the start/stop range."""
-    where: list[str] = []
+def _range_params(query: ListQuery) -> tuple[_Ranges, list[Any]]:
+    """The shape of ``query``'s prefix, depth and start/stop filters, and their parameters (in that order)."""
     params: list[Any] = []
+    upper = None
     if query.prefix:
-        where.append(f"{alias}.name >= ?")
         params.append(query.prefix)
         upper = _prefix_upper_bound(query.prefix)
         if upper is not None:
-            where.append(f"{alias}.name < ?")
             params.append(upper)
     if query.depth is not None:  # the '/' in the name: the prefix's own plus ``depth``
-        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = ?")
         params.append(query.prefix.count("/") + query.depth)
-    if query.start is not None:
-        where.append(f"{alias}.{query.order} >= ?")
-        params.append(query.start)
-    if query.stop is not None:
-        where.append(f"{alias}.{query.order} < ?")
-        params.append(query.stop)
-    return where, params
+    for bound in (query.start, query.stop):
+        if bound is not None:
+            params.append(bound)
+    shape = (
+        bool(query.prefix), upper is not None, query.depth is not None, query.start is not None, query.stop is not None
+    )
+    return shape, params
+
+
+@functools.lru_cache(maxsize=256)
+def _range_sql(alias: str, order: str, shape: _Ranges) -> tuple[str, ...]:
+    """``WHERE`` terms on ``alias`` for a range shape (:func:`_range_params` gives their parameters)."""
+    prefix, upper, depth, start, stop = shape
+    where: list[str] = []
+    if prefix:
+        where.append(f"{alias}.name >= ?")
+    if upper:
+        where.append(f"{alias}.name < ?")
+    if depth:
+        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = ?")
+    if start:
+        where.append(f"{alias}.{order} >= ?")
+    if stop:
+        where.append(f"{alias}.{order} < ?")
+    return tuple(where)
 
 
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
     sql, params = _list_sql(pkey, query)
+    rows = conn.execute(sql, params)
     if not query.children:
-        picks = [_record(row) for row in conn.execute(sql, params)]
+        picks = [_record(row) for row in rows]
         if query.tags:
             _check_tagged(query, picks)
         return picks
-    # the picks and their children in one read transaction: one snapshot
-    cols = _COLUMNS if query.values else _META_COLUMNS
-    below = f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name >= ? AND r.name < ? ORDER BY r.name"
+    # One statement (one snapshot): each pick, then its children. A row is a
+    # child of the last pick when its name continues that pick's name with a
+    # "/"; a pick never does (picks have one depth, children a greater one).
     out: list[Record] = []
-    with _transaction(conn, immediate=False):
-        for row in conn.execute(sql, params).fetchall():
-            out.append(_record(row))
+    below = "\x00"  # no name starts with it: the first row is a pick
+    for row in rows:
+        rec = _record(row)
+        if not rec.name.startswith(below):
             if query.tags:
-                _check_tagged(query, out[-1:])
-            out.extend(_record(child) for child in conn.execute(below, (pkey, *children_range(out[-1].name))))
+                _check_tagged(query, (rec,))
+            below = rec.name + "/"
+        out.append(rec)
     return out
 
 

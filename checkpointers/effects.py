@@ -37,7 +37,10 @@ One effect is one record, ``fx/<encoded key parts>``, whose states are::
   ``record`` does the same.
 * With a lease (``lease=``), every write of the effect is fenced by it: it
   commits only while that lease is current, in the same atomic backend batch
-  (see :class:`EffectLease`); a stale holder's intent is refused.
+  (:func:`checkpointers.leases.guarded_write_flow`); a stale holder's intent
+  is refused with ``LeaseLostError``. Without a lease, a write to a scope
+  another owner holds is refused with ``LeaseHeldError`` (the store's
+  ``unleased="refuse"``, which costs one read of the lease record per write).
 
 ``fx.key`` is the idempotency key to hand to the downstream system: ``fx-``
 and 32 hex digits of a SHA-256 over the user, space, partition and key parts
@@ -85,12 +88,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal
 
-from ._flows import Flow, GetOp, ListOp, arun, digest, new_etag, run, write_flow
+from ._flows import Flow, GetOp, ListOp, arun, digest, new_etag, raise_conflict, run
 from ._integrity import Integrity
-from ._names import DEFAULT_MAX_ITEM_BYTES, Partition, encode_component, validate_key, validate_scope
-from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record
+from ._names import DEFAULT_MAX_ITEM_BYTES, Partition, encode_component, validate_key
+from .backends.base import Backend, ListQuery, Mode, Put, Record, WriteResult
 from .errors import (
     CheckpointerError,
     ConcurrencyError,
@@ -99,6 +102,7 @@ from .errors import (
     InvalidNameError,
     StepMismatchError,
 )
+from .leases import Clock, Lease, LeaseSite, guarded_write_flow
 from .store import decode_value, encode_value
 
 if TYPE_CHECKING:
@@ -110,7 +114,6 @@ __all__ = [
     "Effect",
     "EffectBlock",
     "EffectInfo",
-    "EffectLease",
     "EffectState",
     "Intent",
     "Journal",
@@ -210,27 +213,6 @@ class UnknownOutcomeError(CheckpointerError):
             f"downstream system whether key {intent.key!r} was applied and pass reconcile= (returning the "
             f"outcome, or NOT_APPLIED), or pass retry_safe=True if it deduplicates on that key"
         )
-
-
-@runtime_checkable
-class EffectLease(Protocol):
-    """What the journal needs of a lease to fence its writes.
-
-    ``owner`` and ``token`` go into the intent; ``fenced_write_flow`` writes
-    one atomic batch in ``partition`` that commits only while the lease is
-    current (checked in the same backend batch), raising the lease's own
-    error (``LeaseLostError``) otherwise and the batch's condition errors
-    (``ConcurrencyError``, ``StepMismatchError``) as :func:`write_flow` does.
-    """
-
-    owner: str
-    token: int
-
-    def fenced_write_flow(
-        self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete], labels: Sequence[str]
-    ) -> Flow[list[Record]]:
-        """The fenced form of :func:`checkpointers._flows.write_flow`."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -337,9 +319,14 @@ class _Spec:
     name: str
     label: str
     owner: str
-    lease: EffectLease | None
+    lease: Lease | None
     reconcile: Reconcile | None
     retry_safe: bool
+
+
+#: How a journal writes one batch of its partition: ``(puts, lease) -> the batch's result``,
+#: fenced by ``lease`` or checked for no other holder (a face's own lease policy).
+Writer = Callable[[Sequence[Put], "Lease | None"], Flow[WriteResult]]
 
 
 class Journal:
@@ -347,7 +334,12 @@ class Journal:
 
     Every face builds one over its own backend, integrity and partition and
     calls :meth:`effect`; the semantics live here once. ``label`` names the
-    partition in error messages (``"scope 'orders/o-17'"``).
+    partition in error messages (``"scope 'orders/o-17'"``). ``writer``
+    writes each batch under the face's lease policy (the Store passes its
+    ``write_flow``); by default :func:`~checkpointers.leases.guarded_write_flow`
+    on the partition's lease record with ``clock`` and ``unleased``
+    (``"refuse"``: a write without a lease to a partition another owner
+    holds raises ``LeaseHeldError``; ``"allow"``: no lease read).
     """
 
     def __init__(
@@ -358,18 +350,26 @@ class Journal:
         *,
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         label: str | None = None,
+        writer: Writer | None = None,
+        clock: Clock = time.time,
+        unleased: Literal["refuse", "allow"] = "refuse",
     ) -> None:
         self.backend = backend
         self.integrity = integrity
         self.partition = partition
         self.max_item_bytes = max_item_bytes
         self.label = label or f"{partition.space} partition {partition.name!r}"
+        self.site = LeaseSite(integrity, partition, self.label)
+        refuse = unleased == "refuse"
+        self._writer: Writer = writer or (
+            lambda puts, lease: guarded_write_flow(self.site, lease, puts, (), clock=clock, refuse_unleased=refuse)
+        )
 
     def effect(
         self,
         key: str | Sequence[str],
         *,
-        lease: EffectLease | None = None,
+        lease: Lease | None = None,
         owner: str | None = None,
         reconcile: Reconcile | None = None,
         retry_safe: bool = False,
@@ -377,21 +377,20 @@ class Journal:
         """A block (``with`` / ``async with``) around one effect; see the module docstring.
 
         ``key``: a string, or a sequence of strings (a face's own key parts,
-        e.g. namespace, task id, name). ``owner`` defaults to the lease's
-        owner, else ``<hostname>:<pid>``. ``reconcile(fx.key)`` is called when
-        an intent without outcome is found (an async one may be awaited under
-        ``async with``); ``retry_safe=True`` starts a new attempt instead.
+        e.g. namespace, task id, name). ``lease``: a lease on this partition
+        that fences every write of the effect. ``owner`` defaults to the
+        lease's owner, else ``<hostname>:<pid>``. ``reconcile(fx.key)`` is
+        called when an intent without outcome is found (an async one is
+        awaited under ``async with``); ``retry_safe=True`` starts a new
+        attempt instead.
         """
         parts = _key_parts(key)
         if reconcile is not None and not callable(reconcile):
             raise InvalidArgumentError("reconcile", f"must be a callable taking the key, got {reconcile!r}")
-        if lease is not None and not isinstance(lease, EffectLease):
-            raise InvalidArgumentError("lease", f"must be a lease (owner, token, fenced_write_flow), got {lease!r}")
-        held_on = getattr(lease, "partition", self.partition)
-        if held_on != self.partition:
-            raise InvalidArgumentError(
-                "lease", f"is held on {held_on.name!r}, not {self.partition.name!r}: fence an effect with its own lease"
-            )
+        if lease is not None:
+            if not isinstance(lease, Lease):
+                raise InvalidArgumentError("lease", f"must be a Lease from acquire_lease() or None, got {lease!r}")
+            lease.check_site(self.site)
         who = owner if owner is not None else lease.owner if lease is not None else _default_owner()
         label = f"effect {parts[0] if len(parts) == 1 else list(parts)!r} of {self.label}"
         return EffectBlock(self, _Spec(parts, record_name(parts), label, who, lease, reconcile, bool(retry_safe)))
@@ -413,16 +412,17 @@ class Journal:
 
     # -- flows ------------------------------------------------------------------
 
-    def _write_flow(self, spec: _Spec, info: EffectInfo, data: bytes, mode: Mode, if_match: str | None) -> Flow[Record]:
+    def _put_flow(self, spec: _Spec, info: EffectInfo, data: bytes, mode: Mode, if_match: str | None) -> Flow[str]:
+        """Write the effect record; its new etag, or ``""`` when its own condition failed."""
         put = self.integrity.put(
             self.partition, spec.name, _encode(info, data), etag=new_etag(),
             tags={STATE_TAG: info.state.value}, mode=mode, if_match=if_match,
         )  # fmt: skip
-        if spec.lease is None:
-            (stored,) = yield from write_flow(self.partition, [put], (), [spec.label])
-        else:
-            (stored,) = yield from spec.lease.fenced_write_flow(self.partition, [put], (), [spec.label])
-        return stored
+        result = yield from self._writer([put], spec.lease)
+        if result.conflict is not None and result.conflict.index == 0:
+            return ""
+        raise_conflict(result, [put], (), [spec.label])
+        return result.records[0].etag
 
     def _read_flow(self, spec: _Spec) -> Flow[EffectInfo | None]:
         (record,) = yield GetOp(self.partition, [spec.name])
@@ -431,18 +431,16 @@ class Journal:
         return _decode(spec.label, self.integrity.check(self.partition, record, spec.label))
 
     def _intent(self, spec: _Spec, key: str, attempt: int) -> EffectInfo:
-        token = None if spec.lease is None else int(spec.lease.token)
+        token = None if spec.lease is None else spec.lease.token
         return EffectInfo(spec.parts, EffectState.INTENT, Intent(key, spec.owner, _now_ms(), token, attempt))
 
     def enter_flow(self, spec: _Spec) -> Flow[tuple[EffectInfo, bool]]:
         """Write the intent of a new effect, or return what is stored; and whether it was found stored."""
         fresh = self._intent(spec, idempotency_key(self.partition, spec.parts), 1)
-        for _ in range(3):  # an effect can only vanish with its partition: retry that, not forever
-            try:
-                stored = yield from self._write_flow(spec, fresh, b"", Mode.CREATE, None)
-                return replace(fresh, etag=stored.etag), False
-            except ConcurrencyError:
-                pass
+        for _ in range(3):  # an effect vanishes only with its partition: retry that, not forever
+            etag = yield from self._put_flow(spec, fresh, b"", Mode.CREATE, None)
+            if etag:
+                return replace(fresh, etag=etag), False
             found = yield from self._read_flow(spec)
             if found is not None:
                 return found, True
@@ -451,14 +449,13 @@ class Journal:
     def retry_flow(self, spec: _Spec, stored: EffectInfo) -> Flow[EffectInfo]:
         """A new intent (attempt + 1) over a stored one, if it is still the one read."""
         fresh = self._intent(spec, stored.key, stored.intent.attempt + 1)
-        try:
-            record = yield from self._write_flow(spec, fresh, b"", Mode.IF_MATCH, stored.etag)
-        except ConcurrencyError:
-            now = yield from self._read_flow(spec)
-            if now is not None and now.state is EffectState.DONE:
-                return now  # another attempt finished it meanwhile
-            raise
-        return replace(fresh, etag=record.etag)
+        etag = yield from self._put_flow(spec, fresh, b"", Mode.IF_MATCH, stored.etag)
+        if etag:
+            return replace(fresh, etag=etag)
+        now = yield from self._read_flow(spec)
+        if now is not None and now.state is EffectState.DONE:
+            return now  # another attempt finished it meanwhile
+        raise ConcurrencyError(spec.label, stored.etag, now.etag if now else None)
 
     def finish_flow(self, spec: _Spec, current: EffectInfo, outcome: Any, via: str) -> Flow[EffectInfo]:
         """Record ``outcome`` over the intent ``current``; append-only (same: no-op, else mismatch)."""
@@ -469,14 +466,14 @@ class Journal:
         done = replace(
             current, state=EffectState.DONE, outcome=outcome, outcome_digest=sha, done_at_ms=_now_ms(), via=via
         )
-        try:
-            record = yield from self._write_flow(spec, done, data, Mode.IF_MATCH, current.etag)
-        except ConcurrencyError:
-            now = yield from self._read_flow(spec)
-            if now is None or now.state is not EffectState.DONE:
-                raise  # the intent was replaced by another attempt: this one no longer owns it
-            return _same_outcome(spec, now, sha)
-        return replace(done, outcome=decode_value(spec.label, data), etag=record.etag)
+        etag = yield from self._put_flow(spec, done, data, Mode.IF_MATCH, current.etag)
+        if etag:
+            return replace(done, outcome=decode_value(spec.label, data), etag=etag)
+        now = yield from self._read_flow(spec)
+        if now is None or now.state is not EffectState.DONE:
+            # another attempt replaced the intent (or the partition went): this one no longer owns it
+            raise ConcurrencyError(spec.label, current.etag, now.etag if now else None)
+        return _same_outcome(spec, now, sha)
 
 
 def _same_outcome(spec: _Spec, done: EffectInfo, sha: str) -> EffectInfo:
@@ -490,13 +487,16 @@ class Effect:
 
     ``done`` and ``outcome``: whether an outcome is stored, and which.
     ``key``: the idempotency key for the downstream system. ``reconciled``:
-    the outcome came from ``reconcile=``; ``attempt``: the intent's number.
+    this entry settled an unknown outcome through ``reconcile=``;
+    ``unknown_intent``: the intent without outcome it found; ``attempt``:
+    the intent's number (a retried effect has attempt 2 or more).
     """
 
-    def __init__(self, journal: Journal, spec: _Spec, info: EffectInfo) -> None:
+    def __init__(self, journal: Journal, spec: _Spec, info: EffectInfo, found: EffectInfo | None = None) -> None:
         self._journal = journal
         self._spec = spec
         self._info = info
+        self._found = found
 
     @property
     def key(self) -> str:
@@ -534,9 +534,14 @@ class Effect:
         return self._info.intent.attempt
 
     @property
+    def unknown_intent(self) -> Intent | None:
+        """The intent without outcome this entry found (then reconciled or retried), else ``None``."""
+        return None if self._found is None else self._found.intent
+
+    @property
     def reconciled(self) -> bool:
-        """The outcome was settled by ``reconcile=`` rather than recorded by a call."""
-        return self._info.via == "reconcile"
+        """This entry found an unknown outcome and ``reconcile=`` settled it (the caller skips)."""
+        return self._found is not None and self.done and self._info.via == "reconcile"
 
     def record(self, outcome: Any) -> Any:
         """Store the outcome (bytes or JSON-able, capped); return it as stored.
@@ -586,7 +591,7 @@ class EffectBlock:
             if inspect.isawaitable(answer):
                 _close(answer)
                 raise InvalidArgumentError("reconcile", "returned an awaitable: use `async with` for an async one")
-            info = run(self._settle(info, answer), j.backend)
+            return Effect(j, spec, run(self._settle(info, answer), j.backend), info)
         return Effect(j, spec, info)
 
     def __exit__(self, *exc: object) -> Literal[False]:
@@ -599,7 +604,7 @@ class EffectBlock:
             answer = _UNASKED if spec.reconcile is None else spec.reconcile(info.key)
             if inspect.isawaitable(answer):
                 answer = await answer
-            info = await arun(self._settle(info, answer), j.backend)
+            return Effect(j, spec, await arun(self._settle(info, answer), j.backend), info)
         return Effect(j, spec, info)
 
     async def __aexit__(self, *exc: object) -> Literal[False]:
@@ -625,7 +630,7 @@ def effect(
     scope: str,
     key: str,
     *,
-    lease: EffectLease | None = None,
+    lease: Lease | None = None,
     owner: str | None = None,
     reconcile: Reconcile | None = None,
     retry_safe: bool = False,
@@ -633,12 +638,13 @@ def effect(
     """The effect ``key`` of ``scope`` in ``store`` (what ``store.effect(...)`` delegates to).
 
     The record lives in the scope's partition (the store's user) beside the
-    scope's items; ``key`` follows the item key rules.
+    scope's items and is written under the store's lease policy
+    (``store.write_flow``); ``key`` follows the item key rules.
     """
-    validate_scope(scope)
+    site = store.lease_site(scope)
     validate_key(key)
     journal = Journal(
-        store.backend, store.integrity, store.partition(scope), max_item_bytes=store.max_item_bytes,
-        label=f"scope {scope!r}",
+        store.backend, store.integrity, site.partition, max_item_bytes=store.max_item_bytes,
+        label=f"scope {scope!r}", writer=lambda puts, lease: store.write_flow(site, list(puts), [], lease),
     )  # fmt: skip
     return journal.effect(key, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

@@ -3,15 +3,18 @@
 Every transition of absent -> intent -> done, the append-only outcome, the
 unknown outcome with and without ``reconcile=`` / ``retry_safe=True``, an
 exception inside the block, isolation, the records' life with their
-partition, integrity, lease fencing, and a property over random crash points
-against a SQLite ledger standing in for the downstream service. The real
-``kill -9`` runs are in ``test_effects_sigkill.py``.
+partition, integrity, lease fencing, a property over random crash points
+against a SQLite ledger standing in for the downstream service, and real
+``kill -9`` runs of a worker process (``tests/effects_app.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import doctest
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,8 @@ from checkpointers.errors import (
     StepMismatchError,
     UnserializableValueError,
 )
-from tests.effects_app import Ledger
+from tests.effects_app import EFFECTS, Ledger
+from tests.test_sigkill import ROOT, store_url
 
 #: Over HTTP, S3 runs the same logic as in-process moto ("s3"), only slower.
 DEEP_BACKENDS = {"s3_http"}
@@ -471,6 +475,45 @@ def test_crash_points_never_repeat_an_effect_silently(store: Store, tmp_path: Pa
         check()
     finally:
         ledger.close()
+
+
+# -- kill -9 -----------------------------------------------------------------------------
+
+
+def _worker(url: str, ledger: Path, user: str, scope: str, *args: str) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "tests.effects_app", "--url", url, "--ledger", str(ledger),
+        "--user", user, "--scope", scope, *args,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    killed = "--kill-at" in args
+    assert done.returncode == (-signal.SIGKILL if killed else 0), done.stderr
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "default"])
+@pytest.mark.parametrize("point", ["before_intent", "after_call", "after_outcome"])
+@pytest.mark.parametrize("backend_name", ["sqlite", "redis", "s3_http"])
+def test_kill_9_at_each_point(
+    backend: Backend, request: pytest.FixtureRequest, tmp_path: Path, point: str, reconcile: bool
+) -> None:
+    url, ledger_path = store_url(backend, request), tmp_path / "ledger.db"
+    user, scope = f"u-{uuid.uuid4().hex[:8]}", f"runs/{uuid.uuid4().hex[:8]}"
+    flag = ["--reconcile"] if reconcile else []
+    first = _worker(url, ledger_path, user, scope, "--kill-at", point, "--kill-effect", "e2", *flag)
+    assert first == ["applied:e1"]  # e2 died at the point, e3 never ran
+    second = _worker(url, ledger_path, user, scope, *flag)
+    ledger = Ledger(ledger_path)
+    counts = ledger.counts()
+    ledger.close()
+    assert all(counts.get(e, 0) <= 1 for e in EFFECTS), f"an effect was applied twice: {counts}"
+    e2 = {"before_intent": "applied:e2", "after_outcome": "skipped:e2"}.get(point)
+    if e2 is None:  # killed between the call and its record
+        e2 = "reconciled:e2" if reconcile else "unknown:e2"
+    assert second == ["skipped:e1", e2, "applied:e3"]
+    assert counts == {"e1": 1, "e2": 1, "e3": 1}  # e2 applied once: reported as unknown, never repeated
+    if not reconcile and point == "after_call":  # a later run with a reconcile settles it
+        assert _worker(url, ledger_path, user, scope, "--reconcile") == ["skipped:e1", "reconciled:e2", "skipped:e3"]
 
 
 def test_docstring_examples() -> None:

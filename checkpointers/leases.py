@@ -75,9 +75,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._flows import Flow, GetOp, Parallel, PartitionsOp, WriteOp, arun, new_etag, run
-from ._names import Partition
-from .backends.base import Conflict, Delete, Mode, Put, Record, WriteResult
+from ._flows import Flow, GetOp, ListOp, Parallel, PartitionsOp, WriteOp, arun, new_etag, run
+from ._names import Partition, decode_component, encode_component
+from .backends.base import Conflict, Delete, ListQuery, Mode, Put, Record, WriteResult
 from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, LeaseHeldError, LeaseLostError
 
 if TYPE_CHECKING:
@@ -95,7 +95,9 @@ __all__ = [
     "acquire",
     "acquire_flow",
     "expired_flow",
+    "expired_listed_flow",
     "guarded_write_flow",
+    "listed_site",
     "read_flow",
     "release_flow",
     "renew_flow",
@@ -256,7 +258,9 @@ def mine_flow(site: LeaseSite, ours: LeaseState, released_ok: bool = False) -> F
 
 
 def renew_flow(site: LeaseSite, ours: LeaseState, ttl_ms: int, clock: Clock) -> Flow[LeaseState]:
-    """Extend our lease to now + ttl; :class:`LeaseLostError` if it is not ours any more."""
+    """Extend our lease to now + ttl; :class:`LeaseLostError` if it is not ours any more (or released)."""
+    if ours.released:
+        raise _lost(site, ours, ours)
     state = ours
     for _ in range(ATTEMPTS):
         new = yield from _write_flow(site, state.owner, state.token, now_ms(clock) + ttl_ms, False, state)
@@ -305,6 +309,8 @@ def guarded_write_flow(
     if lease is not None:
         lease.check_site(site)
         state: LeaseState | None = lease.state
+        if lease.state.released:
+            raise _lost(site, lease.state, lease.state)
     elif refuse_unleased:
         state = yield from free_flow(site, clock)
     else:
@@ -347,6 +353,30 @@ def expired_flow(
             if state is not None and not state.released and state.expires_ms <= at:
                 found.append(state.info(site.label))
     return found[:limit]
+
+
+def expired_listed_flow(
+    integrity: Integrity, partition: Partition, prefix: str, limit: int, clock: Clock
+) -> Flow[list[LeaseInfo]]:
+    """Up to ``limit`` leases named ``<prefix><encoded label>`` in one partition that expired unreleased.
+
+    For a face that keeps several leases in one partition (the Agent
+    Framework storage: one partition per user, one lease per run, named with
+    :func:`listed_site`): one listing of ``prefix``, in name order.
+    """
+    records = yield ListOp(partition, ListQuery(prefix=prefix))
+    at, found = now_ms(clock), []
+    for record in records:
+        label = decode_component(record.name[len(prefix) :]) or record.name
+        state = decode(LeaseSite(integrity, partition, label, record.name), record)
+        if not state.released and state.expires_ms <= at:
+            found.append(state.info(label))
+    return found[:limit]
+
+
+def listed_site(integrity: Integrity, partition: Partition, prefix: str, label: str) -> LeaseSite:
+    """The site of one of several leases in ``partition``: ``<prefix><encode_component(label)>``."""
+    return LeaseSite(integrity, partition, label, prefix + encode_component(label))
 
 
 class Lease:

@@ -315,13 +315,17 @@ class Store:
 
     def partition(self, scope: str) -> Partition:
         """The backend partition of ``scope`` for this store's user."""
+        return Partition(self._user(), SPACE, scope)
+
+    def _user(self) -> str:
+        """The user this store reaches (the anonymous space if unbound), or IsolationError."""
         if self.user is None:
             if self.require_user:
                 raise IsolationError(
                     "this store requires a user (require_user=True): call for_user(user_id) first"
                 )
-            return Partition(ANONYMOUS_USER, SPACE, scope)
-        return Partition(self.user, SPACE, scope)
+            return ANONYMOUS_USER
+        return self.user
 
     def lease_site(self, scope: str) -> LeaseSite:
         """Where the lease of ``scope`` lives: its partition's reserved lease record."""
@@ -461,7 +465,8 @@ class Store:
         Without ``if_match``: ``False`` if there was nothing to delete; of two
         concurrent deletes of one item exactly one returns ``True``. With
         ``if_match``: deletes only that version (``ConcurrencyError`` if the
-        item is absent or has another etag) and returns ``True``.
+        item is absent or has another etag) and returns ``True``. A delete
+        that finds nothing writes nothing and checks no lease.
         """
         return run(self._delete_flow(scope, key, if_match, lease), self.backend)
 
@@ -496,8 +501,7 @@ class Store:
 
     def _expired(self, limit: int) -> Flow[list[LeaseInfo]]:
         limit = _check_limit(limit) or 0
-        user = self.partition("-").user
-        return (yield from expired_flow(self.integrity, user, SPACE, limit, self.clock))
+        return (yield from expired_flow(self.integrity, self._user(), SPACE, limit, self.clock))
 
     def acquire_lease(self, scope: str, owner: str, ttl: float) -> Lease:
         """Take the single-writer lease of ``scope`` for ``owner`` for ``ttl`` seconds.

@@ -50,13 +50,12 @@ manifest: committed or aborted by someone else), OPEN, LOGGED, ABORTING or
 DAMAGED (the manifest does not decode: neither rolled forward nor aborted,
 and every record carrying its marker is corrupt too).
 
-**Known gaps** (found by ``tests/test_s3_batch.py``, kept there as strict
-xfails; behaviour unchanged): a delete leaves no trace once its batch has
-committed and dropped the tombstone, so a multi-record read that GETs
-another of the batch's records before the batch and the deleted one after
-it sees the delete without the rest; and :meth:`Batches.recover` sweeps the
-tombstones of a batch whose manifest it did not list, so a recovery running
-while a redo-log batch deletes can drop one before the batch commits.
+A multi-record read that meets an absence or a record without a marker
+collects every name a second time (see :meth:`Batches._unchanged`): a
+committed delete leaves no marker once its tombstone is dropped, and a
+record written alone may replace one of a batch that committed under the
+read. Recovery drops a tombstone only when its
+batch's manifest is no longer listed after the tombstone was read.
 """
 
 from __future__ import annotations
@@ -315,7 +314,6 @@ class _Recovered:
     rolled: int = 0
     aborted: int = 0
     damaged: tuple[CorruptItemError, ...] = ()
-    manifest_damaged: bool = False
 
 
 def visible(obj: Obj | None, hidden: frozenset[str]) -> Obj | None:
@@ -390,9 +388,39 @@ class Batches:
             objs = self._parallel(lambda n: self.fetch(keys, n), names)
             return [visible(o, hidden) for o in objs], [o for o in objs if o is not None]
 
-        return self.consistent(keys, attempt, len(names) > 1)
+        def unchanged(objs: list[Obj | None]) -> bool:
+            traceless = any(o is None or o.tx is None or o.record is None for o in objs)
+            return not traceless or self._unchanged(keys, names, objs)
 
-    def consistent(self, keys: Keys, attempt: Callable[[frozenset[str]], tuple[T, list[Obj]]], multi: bool) -> T:
+        return self.consistent(keys, attempt, len(names) > 1, unchanged if len(names) > 1 else None)
+
+    def _unchanged(self, keys: Keys, names: Sequence[str], objs: Sequence[Obj | None]) -> bool:
+        """Whether every object of ``names`` is still the one read (same S3 ETag, or still absent).
+
+        Asked when a multi-record read met an object that names no batch it
+        could check: an absence (a batch that deleted it may have committed
+        and dropped its tombstone between the GETs of one read, after
+        another of its records was read in its old state), a record written
+        alone (no marker: it may have replaced a record of such a batch), a
+        tombstone or a hidden record. A second collect finding every object
+        as the first did proves each held its value from its first GET to
+        its second, so all of them together at one moment between the two.
+        A read whose every record carries a marker needs none: a batch that
+        committed under it is met by its marker, settled, and read again.
+        """
+        again = self._parallel(lambda n: self.store.get(keys.record(n)), names)
+        return all(
+            (got.etag if got is not None else None) == (obj.s3etag if obj is not None else None)
+            for got, obj in zip(again, objs, strict=True)
+        )
+
+    def consistent(
+        self,
+        keys: Keys,
+        attempt: Callable[[frozenset[str]], tuple[T, list[Obj]]],
+        multi: bool,
+        unchanged: Callable[[T], bool] | None = None,
+    ) -> T:
         """Run a read; settle every batch marker it met that is not known complete.
 
         ``attempt(hidden)`` returns its result and every object it read; it
@@ -406,6 +434,8 @@ class Batches:
         gone (an abort deletes the records before the manifest). Under a
         stream of batches the repeats back off, then raise
         :class:`BackendUnavailableError` rather than return a mixed state.
+        ``unchanged(result)``, when given, is asked last: False (what was
+        read changed under the read, see :meth:`_unchanged`) repeats it too.
         """
         deadline = self._clock.monotonic() + self.read_timeout
         pause = 0.001
@@ -414,8 +444,9 @@ class Batches:
             started = self._clock.monotonic()
             result, objs = attempt(hidden)
             met = self._settle_met(keys, objs, hidden, started, multi)
-            if not met.again:
+            if not met.again and (unchanged is None or unchanged(result)):
                 return result
+            met = met if met.again else _Met(again=True, rolled=True)  # changed under the read: pause, repeat
             if self._clock.monotonic() > deadline:
                 raise BackendUnavailableError(
                     f"no consistent read of partition {keys.records!r} on {self.where} within "
@@ -700,8 +731,7 @@ class Batches:
         """
         now_ns = self._clock.now_ns()
         done = [self._recover_one(keys, key, now_ns) for key in self.store.list(keys.manifests)]
-        kept = {r.tx for r in done if r.manifest_damaged}
-        damaged = [exc for r in done for exc in r.damaged] + self._sweep_tombstones(keys, kept)
+        damaged = [exc for r in done for exc in r.damaged] + self._sweep_tombstones(keys)
         return Recovery(sum(r.rolled for r in done), sum(r.aborted for r in done), tuple(damaged))
 
     def _recover_one(self, keys: Keys, key: str, now_ns: int) -> _Recovered:
@@ -719,7 +749,7 @@ class Batches:
         try:
             manifest = self._manifest_of(batch, got)
         except CorruptItemError as exc:
-            return _Recovered(tx, damaged=(exc,), manifest_damaged=True)
+            return _Recovered(tx, damaged=(exc,))
         old = self._expired(batch, now_ns)
         if isinstance(manifest, OptimisticManifest):
             batch.to(BatchState.ABORTING if manifest.aborting else BatchState.OPEN)
@@ -750,9 +780,18 @@ class Batches:
             return _Recovered(batch.tx, aborted=1)
         return _Recovered(batch.tx, damaged=tuple(damaged))
 
-    def _sweep_tombstones(self, keys: Keys, kept: set[str]) -> list[CorruptItemError]:
-        """Delete every tombstone left behind, except those of batches in ``kept``; the damaged records met."""
+    def _sweep_tombstones(self, keys: Keys) -> list[CorruptItemError]:
+        """Delete every tombstone whose batch is over; the damaged records met.
+
+        A tombstone's batch stored its manifest before the tombstone, so a
+        manifest not listed *after* the tombstone was read is gone: the batch
+        committed. One still listed is live (a writer applying it: the
+        manifests listed at the start of :meth:`recover` need not hold it) or
+        damaged; its tombstones are kept, so its deletes stay visible only
+        with the rest of it.
+        """
         damaged: list[CorruptItemError] = []
+        tombstones: list[tuple[str, Obj]] = []
         for key in self.store.list(keys.records):
             try:
                 name = keys.name_of(key)
@@ -761,8 +800,13 @@ class Batches:
             except CorruptItemError as exc:
                 damaged.append(exc)
                 continue
-            if obj is not None and obj.record is None and obj.tx not in kept:
-                self._drop_tombstone(keys, name, obj.s3etag)
+            if obj is not None and obj.record is None:
+                tombstones.append((name, obj))
+        if tombstones:
+            live = {key[len(keys.manifests) :] for key in self.store.list(keys.manifests)}
+            for name, obj in tombstones:
+                if obj.tx not in live:
+                    self._drop_tombstone(keys, name, obj.s3etag)
         return damaged
 
 

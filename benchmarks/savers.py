@@ -14,6 +14,7 @@ Agent Framework, one to :func:`storage_entries`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import inspect
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .services import RedisService, S3Service, Unavailable
+from .services import REDIS_PY_TRIPS, S3_REQUESTS, PostgresService, RedisService, S3Service, Unavailable
 
 __all__ = [
     "Env",
@@ -39,11 +40,17 @@ __all__ = [
 
 #: Reference anchor per backend family: ratios in the tables are against it.
 REFERENCE: Mapping[str, str] = {
-    "memory": "langgraph-checkpoint-sqlite",
+    "memory": "InMemorySaver",
     "sqlite": "langgraph-checkpoint-sqlite",
     "redis": "langgraph-checkpoint-plainredis",
     "s3": "langgraph-checkpoint-s3",
+    "postgres": "langgraph-checkpoint-postgres",
 }
+
+#: The backend families, in table and chart order.
+FAMILIES = ("memory", "sqlite", "redis", "s3", "postgres")
+
+Requests = Callable[[], "collections.Counter[str]"]
 
 
 @dataclass
@@ -51,8 +58,10 @@ class Opened:
     """A saver (or storage) ready to use, and how to measure what it stores."""
 
     saver: Any
-    #: bytes at rest (file incl. WAL, Redis ``MEMORY USAGE``, S3 object sizes)
+    #: bytes at rest (file incl. WAL, Redis ``MEMORY USAGE``, S3 object sizes, PostgreSQL database size)
     footprint: Callable[[], int] | None = None
+    #: requests sent so far, by kind (Redis round trips, S3 requests by method); deltas are what count
+    requests: Requests | None = None
 
 
 class Env:
@@ -64,6 +73,7 @@ class Env:
         self._ids = itertools.count(1)
         self._redis: RedisService | Unavailable | None = None
         self._s3: S3Service | Unavailable | None = None
+        self._postgres: PostgresService | Unavailable | None = None
 
     def path(self, stem: str, suffix: str = ".db") -> Path:
         """A new, unused path in the temp dir."""
@@ -89,8 +99,12 @@ class Env:
     def s3(self) -> S3Service:
         return self._service("_s3", S3Service)  # type: ignore[no-any-return]
 
+    @property
+    def postgres(self) -> PostgresService:
+        return self._service("_postgres", PostgresService)  # type: ignore[no-any-return]
+
     def close(self) -> None:
-        for service in (self._redis, self._s3):
+        for service in (self._redis, self._s3, self._postgres):
             if service is not None and not isinstance(service, Unavailable):
                 service.close()
         self._tmp.cleanup()
@@ -105,7 +119,7 @@ class SaverEntry:
     """One LangGraph saver in the comparison."""
 
     name: str
-    family: str  #: "memory" | "sqlite" | "redis" | "s3"
+    family: str  #: one of :data:`FAMILIES`
     ours: bool
     sync: SyncFactory | None = None
     async_: AsyncFactory | None = None
@@ -225,6 +239,7 @@ _BACKEND_MODULES = {
     "sqlite": "checkpointers.backends.sqlite",
     "redis": "checkpointers.backends.redis",
     "s3": "checkpointers.backends.s3",
+    "postgres": "checkpointers.backends.postgres",
 }
 
 
@@ -234,7 +249,7 @@ def _our_backend_check(family: str) -> Callable[[Env], str | None]:
             importlib.import_module(_BACKEND_MODULES[family])
         except ImportError as exc:
             return f"not built yet: `{_BACKEND_MODULES[family]}` ({exc})"
-        if family in ("redis", "s3"):
+        if family in ("redis", "s3", "postgres"):
             return _service(family)(env)
         return None
 
@@ -255,17 +270,40 @@ def _our_store(env: Env, family: str) -> tuple[str, Callable[[], int] | None]:
         bucket = env.s3.fresh_bucket()
         url = f"s3://{bucket}/ckpt?endpoint_url={env.s3.endpoint_url}"
         return url, lambda: env.s3.footprint(bucket)
+    if family == "postgres":
+        url = env.postgres.fresh()
+        return url, lambda: env.postgres.footprint(url)
     raise ValueError(family)
 
 
-def _our_backend(env: Env, family: str) -> tuple[Any, Callable[[], int] | None]:
+def _s3_requests() -> collections.Counter[str]:
+    return S3_REQUESTS.snapshot()
+
+
+def _redis_py_requests() -> collections.Counter[str]:
+    return REDIS_PY_TRIPS.snapshot()
+
+
+def _our_requests(backend: Any, family: str) -> Requests | None:
+    """How our backend's requests are read: its own Redis counter, moto's for S3."""
+    if family == "redis":
+        return lambda: collections.Counter(trips=backend.round_trips)
+    return _s3_requests if family == "s3" else None
+
+
+def _our_backend(env: Env, family: str) -> tuple[Any, Callable[[], int] | None, Requests | None]:
     from checkpointers.backends import open_backend
 
     url, footprint = _our_store(env, family)
-    backend = open_backend(url)
+    if family == "postgres":  # open_backend may not know postgresql:// yet
+        from checkpointers.backends.postgres import PostgresBackend
+
+        backend: Any = PostgresBackend.from_url(url)
+    else:
+        backend = open_backend(url)
     if footprint is None:  # memory: the records it holds
         footprint = lambda: heap_bytes(getattr(backend, "_data", {}))  # noqa: E731
-    return backend, footprint
+    return backend, footprint, _our_requests(backend, family)
 
 
 def _ours(family: str) -> SaverEntry:
@@ -273,10 +311,10 @@ def _ours(family: str) -> SaverEntry:
     def sync(env: Env) -> Iterator[Opened]:
         from checkpointers.savers import Checkpointer
 
-        backend, footprint = _our_backend(env, family)
+        backend, footprint, requests = _our_backend(env, family)
         saver = Checkpointer(backend)
         try:
-            yield Opened(saver, footprint)
+            yield Opened(saver, footprint, requests)
         finally:
             _close(saver)  # closes the backend too
 
@@ -284,10 +322,10 @@ def _ours(family: str) -> SaverEntry:
     async def async_(env: Env) -> AsyncIterator[Opened]:
         from checkpointers.savers import Checkpointer
 
-        backend, footprint = _our_backend(env, family)
+        backend, footprint, requests = _our_backend(env, family)
         saver = Checkpointer(backend)
         try:
-            yield Opened(saver, footprint)
+            yield Opened(saver, footprint, requests)
         finally:
             await _aclose(saver)  # closes the backend too
 
@@ -379,7 +417,7 @@ def _plainredis_anchor() -> SaverEntry:
         url, prefix = env.redis.fresh()
         saver = RedisSaver(url=url, prefix=prefix)
         try:
-            yield Opened(saver, lambda: env.redis.footprint(url, prefix))
+            yield Opened(saver, lambda: env.redis.footprint(url, prefix), _redis_py_requests)
         finally:
             saver.client.close()
 
@@ -390,7 +428,7 @@ def _plainredis_anchor() -> SaverEntry:
         url, prefix = env.redis.fresh()
         saver = AsyncRedisSaver(url=url, prefix=prefix)
         try:
-            yield Opened(saver, lambda: env.redis.footprint(url, prefix))
+            yield Opened(saver, lambda: env.redis.footprint(url, prefix), _redis_py_requests)
         finally:
             await saver.client.aclose()
 
@@ -483,7 +521,7 @@ def _s3_anchor() -> SaverEntry:
         bucket = env.s3.fresh_bucket()
         saver = S3CheckpointSaver(bucket, prefix="ckpt/", s3_client=env.s3.client(),
                                   serde=_legacy_serde())
-        yield Opened(saver, lambda: env.s3.footprint(bucket))
+        yield Opened(saver, lambda: env.s3.footprint(bucket), _s3_requests)
 
     @contextlib.asynccontextmanager
     async def async_(env: Env) -> AsyncIterator[Opened]:
@@ -503,7 +541,7 @@ def _s3_anchor() -> SaverEntry:
         bucket = env.s3.fresh_bucket()
         saver = LoopbackSaver(bucket, prefix="ckpt/", session=aioboto3.Session(),
                               serde=_legacy_serde())
-        yield Opened(saver, lambda: env.s3.footprint(bucket))
+        yield Opened(saver, lambda: env.s3.footprint(bucket), _s3_requests)
 
     return SaverEntry(
         name="langgraph-checkpoint-s3",
@@ -532,7 +570,7 @@ def _objectstorage_anchor() -> SaverEntry:
             secret="testing",
             client_kwargs={"region_name": env.s3.region},
         )
-        return Opened(saver, lambda: env.s3.footprint(bucket))
+        return Opened(saver, lambda: env.s3.footprint(bucket), _s3_requests)
 
     @contextlib.contextmanager
     def sync(env: Env) -> Iterator[Opened]:
@@ -558,6 +596,38 @@ def _objectstorage_anchor() -> SaverEntry:
     )
 
 
+def _postgres_anchor() -> SaverEntry:
+    @contextlib.contextmanager
+    def sync(env: Env) -> Iterator[Opened]:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        url = env.postgres.fresh()
+        with PostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+            yield Opened(saver, lambda: env.postgres.footprint(url))
+
+    @contextlib.asynccontextmanager
+    async def async_(env: Env) -> AsyncIterator[Opened]:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+        url = env.postgres.fresh()
+        async with AsyncPostgresSaver.from_conn_string(url) as saver:
+            await saver.setup()
+            yield Opened(saver, lambda: env.postgres.footprint(url))
+
+    return SaverEntry(
+        name="langgraph-checkpoint-postgres",
+        family="postgres",
+        ours=False,
+        sync=sync,
+        async_=async_,
+        check=_all(_missing("langgraph.checkpoint.postgres", pip="langgraph-checkpoint-postgres"),
+                   _service("postgres")),
+        label_sync="PostgresSaver",
+        label_async="AsyncPostgresSaver",
+    )
+
+
 def saver_entries() -> list[SaverEntry]:
     """Every LangGraph saver the benchmarks know, ours first."""
     return [
@@ -565,12 +635,14 @@ def saver_entries() -> list[SaverEntry]:
         _ours("sqlite"),
         _ours("redis"),
         _ours("s3"),
+        _ours("postgres"),
         _sqlite_anchor(),
         _inmemory_anchor(),
         _plainredis_anchor(),
         _langgraph_redis_anchor(),
         _s3_anchor(),
         _objectstorage_anchor(),
+        _postgres_anchor(),
     ]
 
 
@@ -582,7 +654,7 @@ def _our_storage(family: str) -> StorageEntry:
     async def open_storage(env: Env) -> AsyncIterator[Any]:
         from adapters.agent_framework import IsolatedCheckpointStorage
 
-        backend, _ = _our_backend(env, family)
+        backend, _, _ = _our_backend(env, family)
         storage = IsolatedCheckpointStorage(backend, user="bench")
         try:
             yield storage

@@ -1,7 +1,9 @@
-"""The benchmark runner still runs (no timing is asserted: numbers live in benchmarks/)."""
+"""The benchmark harness still runs and writes what it promises (no timing is asserted:
+numbers live in benchmarks/, never in a test)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -10,41 +12,63 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_quick_benchmark_runs_and_reports_our_savers(tmp_path: Path) -> None:
-    out = tmp_path / "results.md"
-    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "c,d",
-           "--backends", "memory,sqlite", "--history", "50", "--out", str(out)]
+def _quick_run(tmp_path: Path) -> tuple[str, dict[str, object], Path]:
+    out, data = tmp_path / "results.md", tmp_path / "results.json"
+    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "b,d,g,h",
+           "--backends", "memory,sqlite", "--set", "history=50", "--set", "cell_budget=0.2",
+           "--out", str(out), "--json", str(data)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    text = out.read_text()
-    for saver in ("ours: Checkpointer(memory)", "ours: Checkpointer(sqlite)", "SqliteSaver"):
+    assert "[bench] (b) ops: ours: Checkpointer(sqlite) (sync)" in done.stderr  # a progress line per saver
+    return out.read_text(), json.loads(data.read_text()), data.with_suffix(".png")
+
+
+def test_quick_benchmark_writes_tables_json_and_chart(tmp_path: Path) -> None:
+    text, data, png = _quick_run(tmp_path)
+    # (b): one table per backend, every operation row measured for ours and the anchor, both modes.
+    sqlite_b = text.split("### (b) sqlite")[1].split("###")[0]
+    for op in ("put", "put_writes", "get_tuple @10", "get_tuple(id) @50", "list(10) @50", "list(thread) @20"):
+        row = next(line for line in sqlite_b.splitlines() if line.startswith(f"| {op} |"))
+        times = re.findall(r"\| [\d.,]+ (?:µs|ms|s) ", row)
+        assert len(times) == 4, row  # ours and SqliteSaver, sync and async
+    # (c) and (h): our savers have rows, nothing errored.
+    for saver in ("ours: Checkpointer(memory)", "ours: Checkpointer(sqlite)", "SqliteSaver", "InMemorySaver"):
         rows = [line for line in text.splitlines() if line.startswith(f"| {saver} |")]
-        assert len(rows) == 2, (saver, rows)  # one row in (c), one in (d)
-        assert not any("error:" in r or "not installed" in r for r in rows), rows
-    # (d) bytes at rest: every saver reports a positive byte count.
-    footprint = text.split("### (d)")[1]
-    sizes = re.findall(r"^\| [^|]+ \| sync \| ([\d,]+)", footprint, flags=re.M)
-    assert sizes and all(int(s.replace(",", "")) > 0 for s in sizes), sizes
+        assert rows and not any("error" in r or "not installed" in r for r in rows), (saver, rows)
+    assert re.search(r"^\| sqlite \| [\d.]+ (µs|ms) \| [\d.]+ (µs|ms) \| [\d.]+ (µs|ms) \|", text, re.M)
+    # (d) bytes at rest: every saver reports positive byte counts, per put too.
+    footprint = text.split("### (d)")[1].split("###")[0]
+    sizes = re.findall(r"^\| [^|]+ \| sync \| ([\d,]+) \|", footprint, flags=re.M)
+    assert len(sizes) == 4 and all(int(s.replace(",", "")) > 0 for s in sizes), sizes
+    # The JSON holds the measures and the ratios the chart is drawn from.
+    measures = data["measures"]
+    assert isinstance(measures, list)
+    ours_puts = [m for m in measures if m["saver"] == "ours: sqlite" and m["metric"] == "put"]
+    assert {m["mode"] for m in ours_puts} == {"sync", "async"} and all(m["value"] > 0 for m in ours_puts)
+    ratios = data["ratios"]
+    assert isinstance(ratios, list)
+    assert {(r["family"], r["anchor"]) for r in ratios} >= {("sqlite", "langgraph-checkpoint-sqlite"),
+                                                           ("memory", "InMemorySaver")}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _agent_framework_table(**sizes: object) -> dict[str, list[str]]:
     """Run workload (f) in-process on memory + SQLite (+ the framework's storages); rows by name."""
     from dataclasses import replace
 
-    from benchmarks import workloads
+    from benchmarks import harness
+    from benchmarks.agent_framework import workload_agent_framework
+    from benchmarks.harness import Context, Sizes
     from benchmarks.savers import Env, storage_entries
-    from benchmarks.workloads import Context, Sizes, workload_agent_framework
 
     env = Env()
     try:
         storages = [e for e in storage_entries() if e.family in ("memory", "sqlite", "framework")]
         ctx = Context(env, replace(Sizes.quick(), rounds=1, **sizes), [], [], storages, [])
-        table = workload_agent_framework(ctx)
+        (table,) = workload_agent_framework(ctx)
     finally:
         env.close()
-        if workloads.LOOP is not None:
-            workloads.LOOP.close()
-            workloads.LOOP = None
+        harness.close_loop()
     return {row[0]: row[1:] for row in table.rows} | {"notes": table.notes}
 
 

@@ -17,7 +17,7 @@ from .._names import Partition
 from .._names import encode_component as enc
 from .._saver_flows import writes_prefix
 from ..savers import Checkpointer
-from ._scan import CKPT, decode_checkpoint, kind_of, thread_partitions, walk
+from ._scan import CKPT, decode_checkpoint, kind_of, layout_of, thread_partitions, walk
 
 __all__ = [
     "OTHER_SPACES",
@@ -143,7 +143,7 @@ def task_writes(saver: Checkpointer, p: Partition, ns: str, cid: str) -> list[tu
     out: list[tuple[str, str, int, str, Any]] = []
     for prefix in (writes_prefix(ns, cid), f"w/{enc(ns)}/{enc(cid)}/"):
         for rec in walk(saver.backend, p, prefix):
-            out.extend(saver._pending(p, rec, f"checkpoint {cid!r} of thread {p.name!r}"))
+            out.extend(layout_of(saver)._pending(p, rec, f"checkpoint {cid!r} of thread {p.name!r}"))
     return sorted(out, key=lambda w: writes_sort_key(w[0], w[1], w[2]))
 
 

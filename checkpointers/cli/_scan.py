@@ -20,17 +20,36 @@ from .._saver_flows import SPACE
 from ..backends.base import Backend, ListQuery, Record
 from ..errors import CorruptItemError
 
-__all__ = ["PAGE", "RecordKind", "decode_checkpoint", "kind_of", "thread_partitions", "walk", "walk_resilient"]
+__all__ = [
+    "PAGE",
+    "RecordKind",
+    "decode_checkpoint",
+    "kind_of",
+    "layout_of",
+    "thread_partitions",
+    "walk",
+    "walk_resilient",
+]
 
 #: Records per listing.
 PAGE = 256
 CKPT, OLD_WRITES, BLOB = "c/", "w/", "b/"
 
 
+def layout_of(saver: Any) -> Any:
+    """The object holding the saver's record layout and its flows (``_pending``, ``_load``, ``_collect_flow``...).
+
+    The saver itself, or the ``layout`` it holds (where the flows are a
+    :class:`~checkpointers._saver_flows.CheckpointLayout` of their own).
+    """
+    return getattr(saver, "layout", saver)
+
+
 def decode_checkpoint(saver: Any, p: Partition, record: Record) -> Any:
     """The saver's decoding of a checkpoint record (its ``ns``, ``cid``, ``parent``, ``checkpoint``,
     ``metadata``, ``blobs`` and ``inline``), channel values not loaded; damage raises ``CorruptItemError``."""
-    decode = getattr(saver, "_decode_checkpoint", None) or saver._stored
+    layout = layout_of(saver)
+    decode = getattr(layout, "_decode_checkpoint", None) or layout._stored
     return decode(p, record)
 
 

@@ -24,7 +24,7 @@ from ..errors import CorruptItemError, DisallowedTypeError
 from ..savers import Checkpointer
 from ..store import decode_value
 from ._inspect import OTHER_SPACES
-from ._scan import BLOB, CKPT, decode_checkpoint, kind_of, thread_partitions, walk, walk_resilient
+from ._scan import BLOB, CKPT, decode_checkpoint, kind_of, layout_of, thread_partitions, walk, walk_resilient
 
 __all__ = ["Finding", "ThreadCheck", "collect", "verify_thread", "verify_user"]
 
@@ -76,18 +76,18 @@ def _check_record(saver: Checkpointer, p: Partition, rec: Record, refs: _Refs) -
         refs.checkpoints.add(rec.name)  # damaged or not, its writes are not orphans
         s = decode_checkpoint(saver, p, rec)
         for channel, data in s.inline.items():
-            saver._loads(f"channel {channel!r} inline in {rec.name!r}", data)
+            layout_of(saver)._loads(f"channel {channel!r} inline in {rec.name!r}", data)
         for sha in s.blobs.values():
             refs.named.setdefault(sha, rec.name)
     elif kind.kind == "writes" and kind.owner is not None:
-        saver._pending(p, rec, where)
+        layout_of(saver)._pending(p, rec, where)
         if kind.owner not in refs.checkpoints:
             refs.writes.append((rec.name, kind.owner))
     elif kind.kind == "blob":
         sha = rec.name[len(BLOB) :]
         if content_digest(rec.digest) != sha:
             raise CorruptItemError(rec.name, "its stored digest is not the one its name says")
-        saver._load(p, f"blob {rec.name!r} of {where}", rec)
+        layout_of(saver)._load(p, f"blob {rec.name!r} of {where}", rec)
         refs.blobs.add(sha)
     else:
         return "not a record name of the LangGraph layout"
@@ -195,7 +195,7 @@ def collect(saver: Checkpointer, p: Partition, keep: int | None, dry_run: bool) 
             groups.setdefault(n.rsplit("/", 1)[0], []).append(n)
         for group in groups.values():
             doomed.update(sorted(group)[: max(len(group) - keep, 0)])
-    deleted = _drive(saver._collect_flow(p, names, doomed, orphans=True), saver, dry_run)
+    deleted = _drive(layout_of(saver)._collect_flow(p, names, doomed, orphans=True), saver, dry_run)
     by_kind: dict[str, list[str]] = {"checkpoint": [], "writes": [], "blob": [], "unknown": []}
     for name in deleted:
         by_kind[kind_of(name).kind].append(name)

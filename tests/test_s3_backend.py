@@ -1038,3 +1038,51 @@ def test_a_write_that_must_read_a_damaged_record_refuses_and_leaves_it(s3_backen
             _call(s3, face, "write", (p, *batch))
         assert info.value.key == DAMAGED
         assert _objects(s3) == before, "the refused write left something behind or changed the record"
+
+
+# -- a listing that a batch's delete lands under --------------------------------------
+
+
+class _ThenOnce:
+    """The port of a backend, running ``then`` once right after its first record GET."""
+
+    def __init__(self, inner: Any, records: str, then: Callable[[str], None]) -> None:
+        self.inner, self.records, self.then, self.fired = inner, records, then, ""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def get(self, key: str) -> Any:
+        got = self.inner.get(key)
+        if key.startswith(self.records) and not self.fired:
+            self.fired = key
+            self.then(key)
+        return got
+
+
+def test_a_listing_never_sees_a_delete_without_the_rest_of_its_batch(s3_backend: S3Backend) -> None:
+    """A batch {upsert one, delete the other} commits (tombstone dropped) between a listing's two GETs.
+
+    The listing read the first record old, then found the other absent:
+    without a second collect it returned the old record alone, with the
+    batch's delete but not its upsert. It is repeated and sees the batch.
+    """
+    p = Partition("u", "langgraph", "listing")
+    for name in ("a", "b"):
+        s3_backend.write(p, [make_put(name, b"old")])
+    reader = S3Backend(BUCKET, s3_backend.root, client=s3_backend.client)
+    reader._io.shutdown()
+    reader._io = _Inline()  # type: ignore[assignment]  # GETs one by one: "the first" is well defined
+    keys = reader._layout(p.key)
+
+    def batch(key: str) -> None:
+        first = keys.name_of(key)
+        other = "b" if first == "a" else "a"
+        s3_backend.write(p, [make_put(first, b"new")], [Delete(other)])
+
+    port = _ThenOnce(reader._batches.store, keys.records, batch)
+    reader._batches.store = port
+    got = {r.name: r.value for r in reader.list(p, ListQuery())}
+    assert port.fired
+    assert got == {keys.name_of(port.fired): b"new"}
+    reader.close()

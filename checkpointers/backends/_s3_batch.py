@@ -51,7 +51,7 @@ DAMAGED (the manifest does not decode: neither rolled forward nor aborted,
 and every record carrying its marker is corrupt too).
 
 A multi-record read that meets an absence or a record without a marker
-collects every name a second time (see :meth:`Batches._unchanged`): a
+collects every name a second time (see :meth:`Batches.unchanged`): a
 committed delete leaves no marker once its tombstone is dropped, and a
 record written alone may replace one of a batch that committed under the
 read. Recovery drops a tombstone only when its
@@ -390,11 +390,11 @@ class Batches:
 
         def unchanged(objs: list[Obj | None]) -> bool:
             traceless = any(o is None or o.tx is None or o.record is None for o in objs)
-            return not traceless or self._unchanged(keys, names, objs)
+            return not traceless or self.unchanged(keys, names, objs)
 
         return self.consistent(keys, attempt, len(names) > 1, unchanged if len(names) > 1 else None)
 
-    def _unchanged(self, keys: Keys, names: Sequence[str], objs: Sequence[Obj | None]) -> bool:
+    def unchanged(self, keys: Keys, names: Sequence[str], objs: Sequence[Obj | None]) -> bool:
         """Whether every object of ``names`` is still the one read (same S3 ETag, or still absent).
 
         Asked when a multi-record read met an object that names no batch it
@@ -435,7 +435,7 @@ class Batches:
         stream of batches the repeats back off, then raise
         :class:`BackendUnavailableError` rather than return a mixed state.
         ``unchanged(result)``, when given, is asked last: False (what was
-        read changed under the read, see :meth:`_unchanged`) repeats it too.
+        read changed under the read, see :meth:`unchanged`) repeats it too.
         """
         deadline = self._clock.monotonic() + self.read_timeout
         pause = 0.001

@@ -180,7 +180,8 @@ _Entry = tuple[str, int, str]  # a listed key, its seq (index entries; 0 for rec
 _Entries = list[_Entry]
 _Names = list[str]
 _Records = list[Record]
-_Found = tuple[list[Record], list[Obj]]  # a listing attempt's records, and every object it read
+#: A listing attempt's records, every object it read (for the marker checks), and the names it GET and found absent.
+_Found = tuple[list[Record], list[Obj], list[str]]
 
 
 class ConditionalWritesUnsupportedError(ConditionsUnsupported, CheckpointerError, NotImplementedError):
@@ -461,9 +462,12 @@ class _Taken:
     records: tuple[Record, ...] = ()
     objs: tuple[Obj, ...] = ()
     stale: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()  #: names GET and found absent
 
     def __add__(self, other: _Taken) -> _Taken:
-        return _Taken(self.records + other.records, self.objs + other.objs, self.stale + other.stale)
+        return _Taken(
+            self.records + other.records, self.objs + other.objs, self.stale + other.stale, self.absent + other.absent
+        )
 
 
 class S3Backend(Backend):
@@ -601,7 +605,26 @@ class S3Backend(Backend):
     def list(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         keys = self._layout(partition.key)
         with translate_errors(self.where):
-            return self._batches.consistent(keys, lambda hidden: self._list_once(keys, query, hidden), True)
+            attempt = functools.partial(self._listing, keys, query)
+            found: _Found = self._batches.consistent(keys, attempt, True, functools.partial(self._same, keys))
+        return found[0]
+
+    def _listing(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> tuple[_Found, builtins.list[Obj]]:
+        found = self._list_once(keys, q, hidden)
+        return found, found[1]
+
+    def _same(self, keys: _Layout, found: _Found) -> bool:
+        """A listing that GET a listed name and found it absent: is every object it read still as read?
+
+        A batch's delete leaves no marker once it committed and dropped its
+        tombstone, so the listing may hold other records of that batch in
+        their old state (see :meth:`Batches.unchanged`).
+        """
+        _, objs, absent = found
+        if not absent:
+            return True
+        names = [*(o.name for o in objs), *absent]
+        return self._batches.unchanged(keys, names, [*objs, *(None for _ in absent)])
 
     def partitions(self, user: str, space: str) -> builtins.list[str]:
         with translate_errors(self.where):
@@ -885,8 +908,8 @@ class S3Backend(Backend):
         if taken.stale:
             self._delete_keys(list(taken.stale))
         out = list(taken.records[: q.limit] if q.limit is not None else taken.records)
-        records, kids = self._with_children(keys, q, out, hidden, None)
-        return records, [*taken.objs, *kids]
+        records, kids, gone = self._with_children(keys, q, out, hidden, None)
+        return records, [*taken.objs, *kids], [*taken.absent, *gone]
 
     def _entry_pages(self, keys: _Layout, q: ListQuery, tag: str, streaming: bool) -> Iterator[builtins.list[_Entry]]:
         """The index entries of ``tag`` under the query's prefix, depth and seq range, one LIST page at a time."""
@@ -918,7 +941,7 @@ class S3Backend(Backend):
         children are found among the listed names (see :meth:`_with_children`).
         """
         if q.limit == 0:
-            return [], []
+            return [], [], []
         if q.order == "seq":
             tag = next((k for k in q.tags if k in self.indexed_tags), None)
             if tag is not None:
@@ -944,8 +967,8 @@ class S3Backend(Backend):
             if not by_name:
                 out.sort(key=q.sort_key, reverse=q.descending)
         out = out[: q.limit] if q.limit is not None else out
-        records, kids = self._with_children(keys, q, out, hidden, listed[::-1])
-        return records, [*taken.objs, *kids]
+        records, kids, gone = self._with_children(keys, q, out, hidden, listed[::-1])
+        return records, [*taken.objs, *kids], [*taken.absent, *gone]
 
     def _name_pages(self, keys: _Layout, q: ListQuery, streaming: bool) -> Iterator[tuple[_Entries, _Names]]:
         """Per LIST page under the prefix (names descending), the names above ``start``: (those at the depth, all)."""
@@ -999,21 +1022,24 @@ class S3Backend(Backend):
         not list names (the tag index); see :meth:`_child_names`.
         """
         if not q.children or not selected:
-            return selected, []
+            return selected, [], []
         kids = [self._child_names(keys, q, record.name, listed) for record in selected]
         got = iter(self._map(lambda n: self._batches.fetch(keys, n, q.values), [n for names in kids for n in names]))
         out: builtins.list[Record] = []
         objs: builtins.list[Obj] = []
+        absent: builtins.list[str] = []
         for record, names in zip(selected, kids, strict=True):
             out.append(record)
-            for _ in names:
+            for name in names:
                 obj = next(got)
-                if obj is not None:
-                    objs.append(obj)
+                if obj is None:
+                    absent.append(name)
+                    continue
+                objs.append(obj)
                 obj = visible(obj, hidden)
                 if obj is not None and obj.record is not None:
                     out.append(obj.record)
-        return out, objs
+        return out, objs, absent
 
     def _child_names(self, keys: _Layout, q: ListQuery, parent: str, listed: _Names | None) -> _Names:
         """The names starting with ``parent + "/"``, ascending.
@@ -1051,6 +1077,7 @@ class S3Backend(Backend):
         records: builtins.list[Record] = []
         objs: builtins.list[Obj] = []
         stale: builtins.list[str] = []
+        absent: builtins.list[str] = []
         pos = 0
         while pos < len(entries) and not (ordered and q.limit is not None and have + len(records) >= q.limit):
             left = None if not ordered or q.limit is None else q.limit - have - len(records)
@@ -1058,9 +1085,11 @@ class S3Backend(Backend):
             chunk = entries[pos : pos + size]
             pos += size
             got = self._map(lambda e: self._batches.fetch(keys, e[2], q.values), chunk)
-            for (key, seq, _), obj in zip(chunk, got, strict=True):
+            for (key, seq, name), obj in zip(chunk, got, strict=True):
                 if obj is not None:
                     objs.append(obj)
+                else:
+                    absent.append(name)
                 obj = visible(obj, hidden)
                 record = obj.record if obj is not None else None
                 if indexed and (record is None or record.seq != seq):
@@ -1069,7 +1098,7 @@ class S3Backend(Backend):
                     continue
                 if record is not None and q.matches(record):
                     records.append(record)
-        return _Taken(tuple(records), tuple(objs), tuple(stale))
+        return _Taken(tuple(records), tuple(objs), tuple(stale), tuple(absent))
 
     # -- partitions ------------------------------------------------------------
 

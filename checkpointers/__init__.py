@@ -1,7 +1,7 @@
 """checkpointers: durable, per-user isolated state for AI agents.
 
 One storage contract (:class:`Store` over a :class:`~checkpointers.backends.Backend`),
-backends for memory, SQLite, Redis and S3, and drop-in LangGraph checkpointers.
+backends for memory, SQLite, Redis, S3 and PostgreSQL, and drop-in LangGraph checkpointers.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ def __getattr__(name: str) -> object:
         from . import savers
 
         return getattr(savers, name)
+    if name == "PostgresCheckpointer":  # needs psycopg (the postgres extra) as well
+        from .postgres_saver import PostgresCheckpointer
+
+        return PostgresCheckpointer
     raise AttributeError(f"module 'checkpointers' has no attribute {name!r}")
 
 
@@ -54,6 +58,7 @@ __all__ = [
     "Item",
     "ItemTooLargeError",
     "MemoryCheckpointer",
+    "PostgresCheckpointer",
     "RedisCheckpointer",
     "S3Checkpointer",
     "SqliteCheckpointer",

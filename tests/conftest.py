@@ -2,7 +2,7 @@
 
 Each backend contributes one fixture named ``<name>_backend`` that yields a
 fresh, empty :class:`~checkpointers.backends.Backend` (memory and SQLite here,
-Redis and S3 in ``tests/plugins``). The ``backend`` fixture is parametrized
+Redis, S3 and PostgreSQL in ``tests/plugins``). The ``backend`` fixture is parametrized
 over :data:`BACKEND_NAMES`; adding a backend means adding one fixture and one
 name.
 """
@@ -19,10 +19,10 @@ import pytest
 from checkpointers import Store
 from checkpointers.backends import Backend, MemoryBackend
 
-pytest_plugins = ["tests.plugins.redis_plugin", "tests.plugins.s3_plugin"]
+pytest_plugins = ["tests.plugins.redis_plugin", "tests.plugins.s3_plugin", "tests.plugins.postgres_plugin"]
 
 #: Every backend the shared test bodies run against.
-BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_stock", "redis_cluster", "s3", "s3_http"]
+BACKEND_NAMES = ["memory", "sqlite", "redis", "redis_stock", "redis_cluster", "s3", "s3_http", "postgres"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 #: Per-test timeout under --deep (the default, 300 s, is in pyproject.toml).
 DEEP_TIMEOUT = 3600

@@ -9,6 +9,8 @@
 ``redis://host:6379/0``         Redis or Valkey 7+, no modules
 ``s3://bucket/prefix``          S3 or any S3-compatible endpoint
                                 (``?endpoint_url=http://127.0.0.1:9000``)
+``postgresql://host:5432/db``   PostgreSQL (``postgres://`` too; ``?schema=``
+                                names the schema holding the tables)
 ==============================  =============================================
 """
 
@@ -54,9 +56,13 @@ def open_backend(url: str, **options: Any) -> Backend:
         from .s3 import S3Backend
 
         return S3Backend.from_url(url, **options)
+    if scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresBackend
+
+        return PostgresBackend.from_url(url, **options)
     raise ValueError(
-        f"unknown store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db "
-        f"or s3://bucket/prefix"
+        f"unknown store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db, "
+        f"s3://bucket/prefix or postgresql://host:port/db"
     )
 
 

@@ -2,9 +2,11 @@
 
 Every operation is ONE SQL statement, built once by a pure function and sent
 by either face: the sync one on a :class:`psycopg_pool.ConnectionPool`, the
-async one on a :class:`psycopg_pool.AsyncConnectionPool` (one per event loop
-that uses the backend). Connections are in autocommit mode, so a statement is
-its own transaction.
+async one on native :class:`psycopg.AsyncConnection` objects kept per event
+loop (:class:`_LoopConnections`: psycopg_pool's async pool keeps worker tasks
+on its loop, and a loop ending with them pending, as ``asyncio.run`` per
+request does, hangs in their cancellation). Connections are in autocommit
+mode, so a statement is its own transaction.
 
 Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
 ---------------------------------------------------------------------------
@@ -74,12 +76,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import json
 import random
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from json.encoder import encode_basestring_ascii as _json_str
@@ -87,7 +90,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._names import Partition
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
@@ -526,7 +529,7 @@ class PostgresBackend(Backend):
         self._where = f"schema {schema!r}"
         self._lock = threading.Lock()
         self._pool: ConnectionPool | None = None
-        self._apools: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool]] = {}
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
         self._ready = False
         self._closed = False
 
@@ -643,22 +646,17 @@ class PostgresBackend(Backend):
 
     # -- async execution -----------------------------------------------------------------
 
-    async def _async_pool(self) -> AsyncConnectionPool:
-        """This event loop's pool, opened on first use (pools of closed loops are forgotten)."""
+    def _async_pool(self) -> _LoopConnections:
+        """This event loop's connections (those of loops that have closed are let go)."""
         if self._closed:
             raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
         loop = asyncio.get_running_loop()
-        task = self._apools.get(loop)
-        if task is None:
-            for old in [lp for lp in self._apools if lp.is_closed()]:
-                del self._apools[old]
-            task = self._apools[loop] = loop.create_task(self._open_async_pool())
-        return await asyncio.shield(task)
-
-    async def _open_async_pool(self) -> AsyncConnectionPool:
-        pool: AsyncConnectionPool = AsyncConnectionPool(self.conninfo, **self._pool_options(), open=False)
-        await pool.open(wait=False)
-        return pool
+        conns = self._loops.get(loop)
+        if conns is None:
+            for old in [lp for lp in self._loops if lp.is_closed()]:
+                self._loops.pop(old).finish()
+            conns = self._loops[loop] = _LoopConnections(self.conninfo, self.max_size, self.timeout)
+        return conns
 
     async def _arun(self, make: Callable[[bool], _Op[T]], transaction: bool = False, setup: bool = True) -> T:
         """Async :meth:`_run`."""
@@ -666,7 +664,7 @@ class PostgresBackend(Backend):
             await self.amigrate()
         with _translate_errors(self._where):
             for attempt in range(self.retry_attempts + 1):
-                pool = await self._async_pool()
+                pool = self._async_pool()
                 try:
                     async with pool.connection() as conn:
                         if not transaction:
@@ -675,7 +673,7 @@ class PostgresBackend(Backend):
                             return await _adrive(conn, make(attempt > 0))
                 except psycopg.Error as exc:
                     delay = self._delay(exc, attempt)
-                await pool.check()
+                pool.finish()  # drop the idle connections a restart or a network cut left dead
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -710,24 +708,18 @@ class PostgresBackend(Backend):
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the sync pool and forget the async ones (``aclose`` closes this loop's)."""
+        """Close the sync pool and every idle async connection (idempotent)."""
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
-            self._apools.clear()
+            loops, self._loops = self._loops, {}
+        for conns in loops.values():
+            conns.finish()
         if pool is not None:
             pool.close()
 
     async def aclose(self) -> None:
-        """Close this event loop's pool and the sync one."""
-        task = self._apools.get(asyncio.get_running_loop()) if not self._closed else None
-        if task is not None:
-            try:
-                pool = await task
-            except Exception:  # never opened: nothing to close
-                pool = None
-            if pool is not None:
-                await pool.close()
+        """:meth:`close`, without blocking the event loop on the sync pool's threads."""
         if self._pool is not None:
             await asyncio.to_thread(self.close)
         self.close()
@@ -742,6 +734,58 @@ class PostgresBackend(Backend):
 
     async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         return await self._arun(lambda retried: _list_op(self.schema, partition, query))
+
+
+# -- the async face's connections ------------------------------------------------------------
+
+
+class _LoopConnections:
+    """The async connections of one event loop: idle ones kept, at most ``size`` open, no background task.
+
+    A connection is opened when none is idle and handed back after use unless
+    it is broken or inside a transaction. Nothing runs between calls, so the
+    loop may end at any time (``finish`` then closes the idle sockets).
+    """
+
+    def __init__(self, conninfo: str, size: int, timeout: float) -> None:
+        self.conninfo, self.size, self.timeout = conninfo, size, timeout
+        self.idle: builtins.list[psycopg.AsyncConnection[Any]] = []
+        self.slots = asyncio.Semaphore(size)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.timeout)
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+            raise PoolTimeout(f"no connection free within {self.timeout} s ({self.size} in use)") from None
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            conn = self.idle.pop() if self.idle else await self._connect()
+            yield conn
+        finally:
+            self.slots.release()
+            if conn is not None:
+                self._hand_back(conn)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        connect = psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, prepare_threshold=None)
+        try:
+            return await asyncio.wait_for(connect, self.timeout)
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+            raise PoolTimeout(f"could not connect within {self.timeout} s") from None
+
+    def _hand_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if idle and not conn.broken and len(self.idle) < self.size:
+            self.idle.append(conn)
+        else:
+            conn.pgconn.finish()
+
+    def finish(self) -> None:
+        """Close the idle connections (sockets only: no round trip, no event loop needed)."""
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.pgconn.finish()
 
 
 # -- drivers: run an operation's statements on one connection ------------------------------

@@ -1,0 +1,424 @@
+"""PostgreSQL-specific checks; the shared bodies run on PostgreSQL through the ``backend`` fixture.
+
+Here: migrations applied once by several processes starting at once, eight
+processes writing one partition at once (no lost update, no duplicated seq,
+every batch whole), the server crashed and restarted under a write loop
+(nothing reported saved is lost, errors are ``BackendUnavailableError``), no
+server-side prepared statements (PgBouncer transaction mode), index-served
+latest/list/tag queries whose work does not grow with history (EXPLAIN), a
+retried write recognising its own lost success, and the drop-in: real
+compiled LangGraph graphs on ``PostgresCheckpointer.from_conn_string``,
+sync and async, side by side with LangGraph's ``PostgresSaver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from checkpointers import BackendUnavailableError
+from checkpointers._flows import make_put
+from checkpointers._names import Partition
+from checkpointers.backends.base import ListQuery, Mode
+from checkpointers.backends.ops import GetOp, ListOp
+from checkpointers.backends.postgres import SCHEMA_VERSION, PostgresBackend, _list_op, _write_op
+from checkpointers.postgres_saver import PostgresCheckpointer
+from tests.graph_apps import loop_graph
+from tests.plugins.postgres_plugin import PostgresCluster, with_query
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _outputs(procs: list[subprocess.Popen[str]]) -> list[Any]:
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        out.append(json.loads(stdout))
+    return out
+
+
+# -- migrations ------------------------------------------------------------------------
+
+_MIGRATE = """
+    import json, sys, time
+    from checkpointers.backends.postgres import PostgresBackend
+    url, start = sys.argv[1], float(sys.argv[2])
+    backend = PostgresBackend.from_url(url)
+    time.sleep(max(0.0, start - time.time()))
+    print(json.dumps(backend.migrate()))
+    backend.close()
+"""
+
+
+def test_several_processes_migrate_a_fresh_schema_once(postgres_url: str) -> None:
+    schema = f"cpm_{uuid.uuid4().hex[:10]}"
+    url = with_query(postgres_url, schema=schema)
+    start = time.time() + 2.0  # all imported and connected by then: they race on the migration itself
+    try:
+        found = _outputs([_spawn(_MIGRATE, url, str(start)) for _ in range(6)])
+        # exactly one process applied the migrations (it found version 0); the others found them done
+        assert sorted(found) == [0] + [SCHEMA_VERSION] * 5
+        with psycopg.connect(postgres_url) as conn:
+            versions = [v for (v,) in conn.execute(f"SELECT v FROM {schema}.schema_migrations ORDER BY v")]
+        assert versions == list(range(1, SCHEMA_VERSION + 1))
+        with PostgresBackend.from_url(url) as backend:
+            assert backend.migrate() == SCHEMA_VERSION  # idempotent
+            p = Partition("u", "items", "x")
+            assert backend.write(p, [make_put("a", b"1")]).conflict is None
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_schema_newer_than_this_release_is_refused(postgres_url: str) -> None:
+    schema = f"cpm_{uuid.uuid4().hex[:10]}"
+    url = with_query(postgres_url, schema=schema)
+    try:
+        with PostgresBackend.from_url(url) as backend:
+            backend.migrate()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (%s)", (SCHEMA_VERSION + 1,))
+        with PostgresBackend.from_url(url) as backend, pytest.raises(Exception, match="newer than this release"):
+            backend.get(Partition("u", "items", "x"), ["a"])
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- eight processes, one partition --------------------------------------------------------
+
+_WRITER = """
+    import json, sys, time
+    from checkpointers._flows import make_put
+    from checkpointers._names import Partition
+    from checkpointers.backends.base import Mode
+    from checkpointers.backends.postgres import PostgresBackend
+    url, part, me, batches, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+    p = Partition("u", "items", part)
+    backend = PostgresBackend.from_url(url)
+    backend.migrate()
+    time.sleep(max(0.0, start - time.time()))
+    done, conflicts = [], 0
+    for i in range(batches):
+        while True:  # one batch: two new records and the shared counter, compare-and-set
+            counter = backend.get(p, ["ctr"])[0]
+            count = int(counter.value) if counter else 0
+            bump = (make_put("ctr", str(count + 1).encode(), mode=Mode.IF_MATCH, if_match=counter.etag)
+                    if counter else make_put("ctr", b"1", mode=Mode.CREATE))
+            puts = [make_put(f"w/{me}/{i}/a", b"a", mode=Mode.CREATE),
+                    make_put(f"w/{me}/{i}/b", b"b", mode=Mode.CREATE), bump]
+            result = backend.write(p, puts)
+            if result.conflict is None:
+                done.append([r.seq for r in result.records])
+                break
+            assert result.conflict.name == "ctr", result.conflict
+            conflicts += 1
+    print(json.dumps({"seqs": done, "conflicts": conflicts}))
+    backend.close()
+"""
+
+
+def test_eight_processes_write_one_partition_at_once(
+    postgres_schema_url: str, postgres_backend: PostgresBackend
+) -> None:
+    part, batches = f"shared-{uuid.uuid4().hex[:8]}", 20
+    start = str(time.time() + 2.5)
+    results = _outputs([_spawn(_WRITER, postgres_schema_url, part, str(me), str(batches), start) for me in range(8)])
+    p = Partition("u", "items", part)
+    stored = {r.name: r for r in postgres_backend.list(p, ListQuery())}
+    # no lost update: the counter saw every one of the 160 compare-and-sets
+    assert int(stored["ctr"].value) == 8 * batches
+    assert sum(r["conflicts"] for r in results) > 0  # they did contend
+    seen: set[int] = set()
+    for me, result in enumerate(results):
+        own = [seq for batch in result["seqs"] for seq in batch]
+        assert own == sorted(own) and len(set(own)) == len(own)  # a process's seqs only grow
+        for i, (a, b, _) in enumerate(result["seqs"]):  # every batch whole, with the seqs it reported
+            assert (stored[f"w/{me}/{i}/a"].seq, stored[f"w/{me}/{i}/b"].seq) == (a, b)
+        seen.update(own)
+    assert len(seen) == 8 * batches * 3  # no seq handed out twice in the partition
+    assert len(stored) == 8 * batches * 2 + 1
+
+
+# -- the server crashes and restarts mid-run -------------------------------------------------
+
+
+@pytest.fixture
+def cluster() -> Iterator[PostgresCluster]:
+    if not PostgresCluster.available():
+        pytest.skip("initdb/pg_ctl not on PATH: cannot start a throwaway PostgreSQL to restart")
+    server = PostgresCluster().start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+class _Loop(threading.Thread):
+    """Writes batch after batch (two CREATEs each), recording what was reported saved and every error."""
+
+    def __init__(self, backend: PostgresBackend, p: Partition) -> None:
+        super().__init__(daemon=True)
+        self.backend, self.p = backend, p
+        self.saved: list[tuple[int, int, int]] = []  # (batch, seq a, seq b)
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            puts = [make_put(f"r/{i}/a", b"a", mode=Mode.CREATE), make_put(f"r/{i}/b", b"b", mode=Mode.CREATE)]
+            try:
+                result = self.backend.write(self.p, puts)
+            except Exception as exc:
+                self.errors.append(exc)
+                time.sleep(0.05)
+            else:
+                assert result.conflict is None, result.conflict
+                self.saved.append((i, result.records[0].seq, result.records[1].seq))
+            i += 1
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        target = len(self.saved) + count
+        while len(self.saved) < target:
+            assert time.monotonic() < deadline, f"no progress: {self.errors[-3:]}"
+            time.sleep(0.01)
+
+
+def test_server_restart_mid_run_loses_nothing_reported_saved(cluster: PostgresCluster) -> None:
+    url = with_query(cluster.url, schema="restart")
+    backend = PostgresBackend.from_url(url, timeout=1.0, retry_attempts=2, max_size=2)
+    p = Partition("u", "items", "loop")
+    loop = _Loop(backend, p)
+    loop.start()
+    try:
+        loop.wait_for(30)
+        cluster.stop("immediate")  # a crash: the next start recovers from the WAL
+        with pytest.raises(BackendUnavailableError) as caught:
+            backend.get(p, ["r/0/a"])
+        assert isinstance(caught.value.__cause__, psycopg.Error)
+        cluster.start()
+        loop.wait_for(30)
+    finally:
+        loop.stop.set()
+        loop.join(30)
+    assert not [e for e in loop.errors if not isinstance(e, BackendUnavailableError)], loop.errors
+    assert loop.errors  # the outage was seen by the loop too, as BackendUnavailableError
+    with PostgresBackend.from_url(url) as fresh:
+        stored = {r.name: r.seq for r in fresh.list(p, ListQuery())}
+    for i, a, b in loop.saved:  # everything reported saved is there, with the seqs reported
+        assert (stored.get(f"r/{i}/a"), stored.get(f"r/{i}/b")) == (a, b)
+    batches = {name.split("/")[1] for name in stored}
+    assert all(f"r/{i}/a" in stored and f"r/{i}/b" in stored for i in batches)  # failed batches: all or nothing
+    seqs = [a for _, a, _ in loop.saved]
+    assert seqs == sorted(seqs)  # still growing after the crash
+    backend.close()
+
+
+def test_unreachable_server_is_unavailable_after_bounded_retries() -> None:
+    from tests.plugins.redis_plugin import free_port
+
+    backend = PostgresBackend(f"postgresql://postgres@127.0.0.1:{free_port()}/x", timeout=0.5, retry_attempts=1)
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="unavailable") as caught:
+        backend.get(Partition("u", "items", "x"), ["a"])
+    assert isinstance(caught.value.__cause__, psycopg.Error)
+    assert time.monotonic() - started < 20  # bounded (the bound itself is not a unit-test matter)
+    backend.close()
+
+
+def test_retried_write_that_had_applied_reports_success(postgres_backend: PostgresBackend) -> None:
+    """A batch whose first attempt applied but whose reply was lost is not a conflict when retried."""
+    b, s = postgres_backend, postgres_backend.schema
+    p = Partition("u", "items", "s")
+    put = make_put("i/x", b"v", mode=Mode.CREATE)
+    b.write(p, [put])  # the first attempt, whose reply was "lost"
+    result = b._run(lambda retried: _write_op(s, p, [put], [], True))
+    assert result.conflict is None and result.records[0].etag == put.etag
+    # without a retry it is a genuine conflict, and so is another writer's CREATE after a retry
+    assert b.write(p, [put]).conflict is not None
+    other = make_put("i/x", b"v", mode=Mode.CREATE)
+    assert b._run(lambda retried: _write_op(s, p, [other], [], True)).conflict is not None
+
+
+# -- PgBouncer transaction mode: no server-side prepared statements --------------------------
+
+
+def test_no_statement_is_prepared_on_the_server(postgres_backend: PostgresBackend) -> None:
+    b = postgres_backend
+    p = Partition("u", "items", "prep")
+    for i in range(12):  # psycopg's default would prepare a statement after its 5th use
+        b.write(p, [make_put(f"k{i}", b"v")])
+        b.get(p, [f"k{i}"])
+        b.list(p, ListQuery(prefix="k", limit=3))
+    b.many([GetOp(p, ["k1"]), ListOp(p, ListQuery(prefix="k"))])
+    with b._sync_pool().connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+
+    async def main() -> int:
+        for i in range(8):
+            await b.aget(p, [f"k{i}"])
+            await b.awrite(p, [make_put(f"k{i}", b"w")])
+        async with b._async_pool().connection() as conn:
+            row = await (await conn.execute("SELECT count(*) FROM pg_prepared_statements")).fetchone()
+        await b.aclose()
+        return int(row[0]) if row else -1
+
+    assert asyncio.run(main()) == 0
+
+
+def test_the_prepared_statements_check_can_fail(postgres_url: str) -> None:
+    """The same check on psycopg's default connection does see a prepared statement."""
+    with psycopg.connect(postgres_url) as conn:
+        for _ in range(6):
+            conn.execute("SELECT %s::int", (1,))
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() != (0,)
+
+
+# -- EXPLAIN: indexes, and work that does not grow with history --------------------------------
+
+
+def _scans(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if "Relation Name" in plan:
+        yield plan
+    for child in plan.get("Plans", ()):
+        yield from _scans(child)
+
+
+def _fill(conn: psycopg.Connection[Any], s: str, pkey: str, checkpoints: int) -> None:
+    """``checkpoints`` checkpoint records with two writes each and a tag, by SQL (fast)."""
+    conn.execute(
+        f"INSERT INTO {s}.records (pkey, name, seq, etag, digest, tags, value) "
+        f"SELECT %s, n, nextval('{s}.seq'), 'e', 'd', t, '\\x00'::bytea FROM ("
+        "  SELECT format('c/_/%%s', lpad(g::text, 8, '0')) AS n, '{\"src\":\"loop\"}' AS t "
+        "  FROM generate_series(1, %s) g"
+        "  UNION ALL SELECT format('c/_/%%s/w/%%s', lpad(g::text, 8, '0'), w), '{}' "
+        "  FROM generate_series(1, %s) g, generate_series(1, 2) w) AS x ORDER BY n",
+        (pkey, checkpoints, checkpoints),
+    )
+    conn.execute(
+        f"INSERT INTO {s}.tags (pkey, name, k, v, seq) SELECT pkey, name, '\"src\"', '\"loop\"', seq "
+        f"FROM {s}.records WHERE pkey = %s AND tags <> '{{}}'",
+        (pkey,),
+    )
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        ListQuery(prefix="c/_/", depth=0, descending=True, limit=1, children=True),  # get_tuple (latest)
+        ListQuery(prefix="c/_/", depth=0, descending=True, limit=10),  # list(limit=10)
+        ListQuery(prefix="c/_/", depth=0, descending=True, limit=10, tags={"src": "loop"}),  # list(filter=...)
+        ListQuery(order="seq", descending=True, limit=1),  # newest record
+    ],
+    ids=["latest", "list10", "tagged", "seq"],
+)
+def test_latest_and_list_use_indexes_and_read_a_bounded_part_of_history(
+    postgres_backend: PostgresBackend, _postgres_admin: psycopg.Connection[Any], query: ListQuery
+) -> None:
+    b, s = postgres_backend, postgres_backend.schema
+    p = Partition("u", "langgraph", "history")
+    for other in range(20):  # other partitions, so the tables are not tiny
+        _fill(_postgres_admin, s, Partition("u", "langgraph", f"o{other}").key, 200)
+    _fill(_postgres_admin, s, p.key, 5000)
+    _postgres_admin.execute(f"ANALYZE {s}.records; ANALYZE {s}.tags")
+    stmt = next(_list_op(s, p, query))
+    with b._sync_pool().connection() as conn:
+        (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmt.sql, stmt.params).fetchone()  # type: ignore[misc]
+    scans = list(_scans(plan[0]["Plan"]))
+    assert scans and all(node["Node Type"] != "Seq Scan" for node in scans), scans
+    # work bounded by the limit and one checkpoint's writes, not by the 5,000 checkpoints
+    assert sum(node["Actual Rows"] * node.get("Actual Loops", 1) for node in scans) <= 40, scans
+    assert len(b.list(p, query)) in (1, 3, 10)
+
+
+# -- drop-in: real compiled graphs, side by side with LangGraph's PostgresSaver -------------------
+
+
+@pytest.fixture
+def reference_url(postgres_url: str) -> Iterator[str]:
+    """A scratch schema for LangGraph's own PostgresSaver (its tables go on the search_path)."""
+    schema = f"lgref_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_query(postgres_url, options=f"-csearch_path%3D{schema}")
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _summary(saver: Any, thread: str) -> tuple[Any, list[Any]]:
+    graph = loop_graph(saver, limit=4)
+    config = {"configurable": {"thread_id": thread}}
+    final = graph.invoke({"count": 0, "trail": []}, config)
+    history = [(h.values, h.next, h.metadata.get("step")) for h in graph.get_state_history(config)]
+    return final, history
+
+
+async def _asummary(saver: Any, thread: str) -> tuple[Any, list[Any]]:
+    graph = loop_graph(saver, limit=4)
+    config = {"configurable": {"thread_id": thread}}
+    final = await graph.ainvoke({"count": 0, "trail": []}, config)
+    history = [(h.values, h.next, h.metadata.get("step")) async for h in graph.aget_state_history(config)]
+    return final, history
+
+
+def test_drop_in_for_postgres_saver_sync(postgres_schema_url: str, reference_url: str) -> None:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    with PostgresSaver.from_conn_string(reference_url) as reference:
+        reference.setup()
+        expected = _summary(reference, thread)
+    with PostgresCheckpointer.from_conn_string(postgres_schema_url) as saver:
+        saver.setup()
+        saver.setup()  # idempotent
+        assert _summary(saver, thread) == expected
+    assert expected[0]["count"] == 4 and len(expected[1]) > 4
+    with PostgresCheckpointer.from_conn_string(postgres_schema_url) as reopened:  # durable across savers
+        state = loop_graph(reopened, limit=4).get_state({"configurable": {"thread_id": thread}})
+        assert state.values == expected[0]
+
+
+def test_drop_in_for_async_postgres_saver(postgres_schema_url: str, reference_url: str) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        async with AsyncPostgresSaver.from_conn_string(reference_url) as reference:
+            await reference.setup()
+            expected = await _asummary(reference, thread)
+        async with PostgresCheckpointer.from_conn_string(postgres_schema_url) as saver:
+            await saver.asetup()
+            assert await _asummary(saver, thread) == expected
+        async with PostgresCheckpointer.from_conn_string(postgres_schema_url) as reopened:
+            state = await loop_graph(reopened, limit=4).aget_state({"configurable": {"thread_id": thread}})
+            assert state.values == expected[0]
+
+    asyncio.run(main())

@@ -79,13 +79,14 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import hashlib
 import inspect
 import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -120,6 +121,9 @@ __all__ = [
     "NotApplied",
     "UnknownOutcomeError",
     "effect",
+    "idempotency_key",
+    "record_name",
+    "task_effect_key",
 ]
 
 #: The reserved name prefix of effect records inside a partition.
@@ -238,12 +242,14 @@ class EffectInfo:
 Reconcile = Callable[[str], Any]
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+@functools.lru_cache(maxsize=4)
+def _owner_of(pid: int) -> str:
+    return f"{socket.gethostname()}:{pid}"
 
 
 def _default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``<hostname>:<pid>`` of this process (a forked child gets its own)."""
+    return _owner_of(os.getpid())
 
 
 def _key_parts(key: str | Sequence[str]) -> tuple[str, ...]:
@@ -294,7 +300,10 @@ def _decode(label: str, record: Record) -> EffectInfo:
         if not isinstance(head, dict) or head.get("v") != _FORMAT:
             raise ValueError("not an effect record of a known format")
         state = EffectState(head["state"])
-        intent = Intent(str(head["key"]), str(head["owner"]), int(head["at"]), head["lease"], int(head["attempt"]))
+        lease = head["lease"]
+        if lease is not None and (isinstance(lease, bool) or not isinstance(lease, int)):
+            raise ValueError(f"lease token {lease!r} is not an int")
+        intent = Intent(str(head["key"]), str(head["owner"]), int(head["at"]), lease, int(head["attempt"]))
         name = tuple(str(p) for p in head["name"])
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptItemError(label, f"effect record header: {exc}") from exc
@@ -337,7 +346,8 @@ class Journal:
     partition in error messages (``"scope 'orders/o-17'"``). ``writer``
     writes each batch under the face's lease policy (the Store passes its
     ``write_flow``); by default :func:`~checkpointers.leases.guarded_write_flow`
-    on the partition's lease record with ``clock`` and ``unleased``
+    on the partition's lease record with ``clock`` (which also dates the
+    intents and outcomes) and ``unleased``
     (``"refuse"``: a write without a lease to a partition another owner
     holds raises ``LeaseHeldError``; ``"allow"``: no lease read).
     """
@@ -360,6 +370,7 @@ class Journal:
         self.max_item_bytes = max_item_bytes
         self.label = label or f"{partition.space} partition {partition.name!r}"
         self.site = LeaseSite(integrity, partition, self.label)
+        self.clock = clock
         refuse = unleased == "refuse"
         self._writer: Writer = writer or (
             lambda puts, lease: guarded_write_flow(self.site, lease, puts, (), clock=clock, refuse_unleased=refuse)
@@ -432,7 +443,10 @@ class Journal:
 
     def _intent(self, spec: _Spec, key: str, attempt: int) -> EffectInfo:
         token = None if spec.lease is None else spec.lease.token
-        return EffectInfo(spec.parts, EffectState.INTENT, Intent(key, spec.owner, _now_ms(), token, attempt))
+        return EffectInfo(spec.parts, EffectState.INTENT, Intent(key, spec.owner, self._now_ms(), token, attempt))
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
 
     def enter_flow(self, spec: _Spec) -> Flow[tuple[EffectInfo, bool]]:
         """Write the intent of a new effect, or return what is stored; and whether it was found stored."""
@@ -464,7 +478,7 @@ class Journal:
         if current.state is EffectState.DONE:
             return _same_outcome(spec, current, sha)
         done = replace(
-            current, state=EffectState.DONE, outcome=outcome, outcome_digest=sha, done_at_ms=_now_ms(), via=via
+            current, state=EffectState.DONE, outcome=outcome, outcome_digest=sha, done_at_ms=self._now_ms(), via=via
         )
         etag = yield from self._put_flow(spec, done, data, Mode.IF_MATCH, current.etag)
         if etag:
@@ -646,5 +660,32 @@ def effect(
     journal = Journal(
         store.backend, store.integrity, site.partition, max_item_bytes=store.max_item_bytes,
         label=f"scope {scope!r}", writer=lambda puts, lease: store.write_flow(site, list(puts), [], lease),
+        clock=store.clock,
     )  # fmt: skip
     return journal.effect(key, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)
+
+
+#: Where LangGraph puts the running task's id in a node's or tool's config.
+TASK_ID_KEY = "__pregel_task_id"
+
+
+def task_effect_key(config: Mapping[str, Any] | None, name: str) -> tuple[Any, tuple[str, str, str]]:
+    """The thread id and effect key parts of effect ``name`` of the LangGraph task running with ``config``.
+
+    The parts are (checkpoint namespace, task id, name): a task re-run after a
+    crash has the same id (LangGraph derives it from the checkpoint and the
+    node), so it finds its own journal, and no other task does. Call it with
+    the config LangGraph hands the node or tool (or ``langgraph.config.get_config()``).
+    Several effects of one task (a tool node running several calls) need
+    names of their own, e.g. with the tool call id.
+    """
+    conf = (config or {}).get("configurable") or {}
+    task_id, thread = conf.get(TASK_ID_KEY), conf.get("thread_id")
+    if not isinstance(task_id, str) or not task_id:
+        raise InvalidArgumentError(
+            "config", f"has no configurable.{TASK_ID_KEY}: make effects inside a node or a tool, with the config "
+            "LangGraph passes it (or langgraph.config.get_config())",
+        )  # fmt: skip
+    if thread is None:
+        raise InvalidArgumentError("config", "has no configurable.thread_id: effects belong to a thread")
+    return thread, (str(conf.get("checkpoint_ns", "")), task_id, name)

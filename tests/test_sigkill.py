@@ -43,6 +43,9 @@ def store_url(backend: Backend, request: pytest.FixtureRequest) -> str:
         endpoint = backend.client.meta.endpoint_url  # type: ignore[attr-defined]
         query = urlencode({"endpoint_url": endpoint})
         return f"s3://{backend.bucket}/{backend.root}?{query}"  # type: ignore[attr-defined]
+    if kind == "postgres":
+        conninfo = backend.conninfo  # type: ignore[attr-defined]
+        return f"{conninfo}{'&' if '?' in conninfo else '?'}{urlencode({'schema': backend.schema})}"  # type: ignore[attr-defined]
     raise AssertionError(f"no cross-process URL for {kind!r}")
 
 
@@ -63,7 +66,7 @@ def run_app(
 # writes may reach the store before the checkpoint they belong to. "sync" once.
 @pytest.mark.parametrize(
     ("backend_name", "durability"),
-    [("sqlite", "sync"), ("sqlite", "async"), ("redis", "async"), ("s3_http", "async")],
+    [("sqlite", "sync"), ("sqlite", "async"), ("redis", "async"), ("s3_http", "async"), ("postgres", "async")],
 )
 def test_sigkill_mid_superstep_resumes(
     backend: Backend, request: pytest.FixtureRequest, tmp_path: Path, durability: str

@@ -13,10 +13,12 @@ in the test ids is in :data:`PARAM_IDS`):
   ``tests/conftest_checkpointer.py`` helpers (``_checkpointer_memory``, which is
   its ``InMemorySaver`` subclass asserting that stored checkpoints are never
   mutated; ``_checkpointer_sqlite`` / ``_checkpointer_sqlite_aio``);
-* ``ours-memory``, ``ours-sqlite``, ``ours-redis``, ``ours-s3``: our savers,
-  fresh for each test and bound to a fresh random user (``for_user(...)``), or unbound
-  with ``CHECKPOINTERS_LG_UNBOUND=1`` (Redis then gets a fresh key prefix per
-  test instead).
+* ``ours-memory``, ``ours-sqlite``, ``ours-redis``, ``ours-s3``,
+  ``ours-postgres``: our savers, fresh for each test and bound to a fresh
+  random user (``for_user(...)``), or unbound with ``CHECKPOINTERS_LG_UNBOUND=1``
+  (Redis then gets a fresh key prefix per test instead, PostgreSQL a fresh
+  schema). PostgreSQL's schemas (``CHECKPOINTERS_LG_POSTGRES_SCHEMA``, plus a
+  suffix per test when unbound) are dropped at the end of the session.
 
 Tests of the selected files that use neither fixture do not depend on the
 saver and are deselected. Each test's outcome (and the crash line of a
@@ -43,8 +45,10 @@ REDIS_URL = os.environ.get("CHECKPOINTERS_LG_REDIS_URL", "")
 REDIS_PREFIX = os.environ.get("CHECKPOINTERS_LG_REDIS_PREFIX", f"lgsuite-{secrets.token_hex(6)}")
 #: Our project's S3 test plugin (moto's conditional-write lock), loaded by path.
 S3_PLUGIN = os.environ.get("CHECKPOINTERS_LG_S3_PLUGIN", "")
+POSTGRES_URL = os.environ.get("CHECKPOINTERS_LG_POSTGRES_URL", "")
+POSTGRES_SCHEMA = os.environ.get("CHECKPOINTERS_LG_POSTGRES_SCHEMA", f"lgsuite_{secrets.token_hex(6)}")
 FIXTURES = ("sync_checkpointer", "async_checkpointer")
-SAVERS = ("InMemorySaver", "SqliteSaver", "ours-memory", "ours-sqlite", "ours-redis", "ours-s3")
+SAVERS = ("InMemorySaver", "SqliteSaver", "ours-memory", "ours-sqlite", "ours-redis", "ours-s3", "ours-postgres")
 #: The saver's id in the test ids. The controls keep LangGraph's own ("memory",
 #: "sqlite"): its syrupy snapshots are named after them (``test_x[memory]``),
 #: and it compares them only on InMemorySaver. Ours have no "-" in them, so a
@@ -57,6 +61,7 @@ _conftest: Any = None  # LangGraph's tests/conftest.py module, once registered
 _results: dict[str, dict[str, Any]] = {}
 _keys: dict[str, str] = {}  # nodeid -> the test's id without the saver (same on every saver)
 _s3: dict[str, Any] = {}
+_schemas: set[str] = set()  # PostgreSQL schemas this session used (dropped at the end)
 
 
 # -- the fixtures -------------------------------------------------------------------
@@ -79,6 +84,16 @@ def _redis_url() -> str:
     return f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}"
 
 
+def _postgres() -> Any:
+    from checkpointers.postgres_saver import PostgresCheckpointer
+
+    if not POSTGRES_URL:
+        pytest.fail("ours-postgres: no PostgreSQL URL (CHECKPOINTERS_LG_POSTGRES_URL unset)", pytrace=False)
+    schema = POSTGRES_SCHEMA + (f"_{_token()[:8]}" if UNBOUND else "")
+    _schemas.add(schema)
+    return PostgresCheckpointer(POSTGRES_URL, schema=schema)
+
+
 def _ours(tmp_path: Path) -> Any:
     """A fresh saver of ours (not yet bound) for SAVER."""
     from checkpointers import savers
@@ -91,6 +106,8 @@ def _ours(tmp_path: Path) -> Any:
         return savers.RedisCheckpointer(_redis_url())
     if SAVER == "ours-s3":
         return savers.S3Checkpointer(S3_BUCKET, f"t-{_token()}", client=_s3_client(), max_workers=8)
+    if SAVER == "ours-postgres":
+        return _postgres()
     raise NotImplementedError(f"unknown saver {SAVER!r} (known: {', '.join(SAVERS)})")
 
 
@@ -267,9 +284,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
     if SAVER == "ours-redis" and REDIS_URL:
         _drop_redis_keys()
+    if _schemas:
+        _drop_postgres_schemas()
     mock = _s3.pop("mock", None)
     if mock is not None:
         mock.stop()
+
+
+def _drop_postgres_schemas() -> None:
+    """Drop this session's PostgreSQL schemas (and only those)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            for schema in sorted(_schemas):
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    except Exception as exc:  # cleanup only: report, never fail the run
+        print(f"\ncheckpointers_lg_plugin: could not drop PostgreSQL schemas {sorted(_schemas)}: {exc!r}")
 
 
 def _drop_redis_keys() -> None:

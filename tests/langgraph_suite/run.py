@@ -23,9 +23,12 @@ What it does:
 
 Savers: ``InMemorySaver`` (always run: the reference) and ``SqliteSaver``
 (``langgraph-checkpoint-sqlite``) are the controls; ``memory``, ``sqlite``,
-``redis`` and ``s3`` are ours (``MemoryCheckpointer``, ``SqliteCheckpointer``
-on a per-test file, ``RedisCheckpointer``, ``S3Checkpointer`` on moto in the
-test process), each bound to a fresh user per test (``--unbound``: not bound).
+``redis``, ``s3`` and ``postgres`` are ours (``MemoryCheckpointer``,
+``SqliteCheckpointer`` on a per-test file, ``RedisCheckpointer``,
+``S3Checkpointer`` on moto in the test process, ``PostgresCheckpointer`` in
+a schema of its own, dropped after), each bound to a fresh user per test
+(``--unbound``: not bound). PostgreSQL is ``POSTGRES_URL`` when set, else the
+server on 127.0.0.1:5432 (database ``test``) if it answers, else skipped.
 Redis is ``REDIS_URL`` when set, else the server on 127.0.0.1:6379 if one
 answers (database ``--redis-db``, 9 by default), else a throwaway
 ``redis-server`` on a free loopback port when the binary is installed;
@@ -67,7 +70,8 @@ REPO = HERE.parents[1]
 DEFAULT_CACHE = REPO / ".cache" / "langgraph-suite"
 REFERENCE = "InMemorySaver"
 CONTROLS = ("InMemorySaver", "SqliteSaver")
-OURS = ("memory", "sqlite", "redis", "s3")
+OURS = ("memory", "sqlite", "redis", "s3", "postgres")
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 FIXTURE_RE = re.compile(r"\b(sync_checkpointer|async_checkpointer)\b")
 #: Tests that pass on InMemorySaver and cannot pass on a saver of ours, with why
 #: (a test reading InMemorySaver's internals is such a reason; a behaviour
@@ -172,6 +176,20 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+def postgres_url() -> str:
+    """``POSTGRES_URL``, else the local server if it answers, else ``""``."""
+    url = os.environ.get("POSTGRES_URL", "")
+    if url:
+        return url
+    try:
+        import psycopg
+
+        with psycopg.connect(LOCAL_POSTGRES, connect_timeout=3):
+            return LOCAL_POSTGRES
+    except Exception:  # psycopg missing or nothing answers
+        return ""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -242,6 +260,8 @@ def run_saver(
         CHECKPOINTERS_LG_REDIS_URL=redis_url,
         CHECKPOINTERS_LG_REDIS_PREFIX=f"lgsuite-{uuid.uuid4().hex[:12]}",
         CHECKPOINTERS_LG_S3_PLUGIN=str(REPO / "tests" / "plugins" / "s3_plugin.py"),
+        CHECKPOINTERS_LG_POSTGRES_URL=args.postgres_url,
+        CHECKPOINTERS_LG_POSTGRES_SCHEMA=f"lgsuite_{uuid.uuid4().hex[:12]}",
         PYTHONPATH=os.pathsep.join([str(HERE), *args.code_path, *filter(None, [os.environ.get("PYTHONPATH")])]),
         PYTHONDONTWRITEBYTECODE="1",
     )
@@ -434,8 +454,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--savers",
-        default="SqliteSaver,memory,sqlite,redis,s3",
-        help="comma-separated, from: InMemorySaver, SqliteSaver, memory, sqlite, redis, s3, all "
+        default="SqliteSaver,memory,sqlite,redis,s3,postgres",
+        help="comma-separated, from: InMemorySaver, SqliteSaver, memory, sqlite, redis, s3, postgres, all "
         "(InMemorySaver, the reference, is always run; default: all)",
     )
     parser.add_argument("-k", default="", help="pytest -k expression for every run")
@@ -485,6 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     args.code_path = [str(export_rev(args.rev, args.cache))] if args.rev else []
     if args.rev:
         print(f"savers from git revision {args.rev} ({args.code_path[0]}), not the working tree")
+    args.postgres_url = postgres_url() if "postgres" in args.names else ""
+    if "postgres" in args.names:
+        if not args.postgres_url:
+            print("postgres: no PostgreSQL (POSTGRES_URL unset, nothing on 127.0.0.1:5432): skipped")
+            args.names.remove("postgres")
+        else:
+            print(f"postgres: {args.postgres_url}; a schema of its own per run, dropped after")
     with RedisSource(args.redis_db, wanted="redis" in args.names) as redis_source:
         if "redis" in args.names:
             if not redis_source.url:
@@ -495,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"langgraph {version}: {len(files)} files, savers {', '.join(args.names)}, {args.jobs} at a time; logs in {out_dir}", flush=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             # the slowest first (S3 on moto takes several times the others), so they overlap
-            slow_first = sorted(args.names, key=lambda n: {"s3": 0, "redis": 1, "sqlite": 2}.get(n, 3))
+            slow_first = sorted(args.names, key=lambda n: {"s3": 0, "redis": 1, "postgres": 1, "sqlite": 2}.get(n, 3))
             futures = {
                 pool.submit(run_saver, name, root, files, args, redis_source.url, out_dir): name for name in slow_first
             }

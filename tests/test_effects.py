@@ -16,6 +16,7 @@ import operator
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -209,6 +210,26 @@ def test_reconcile_errors_propagate_and_leave_the_intent(store: Store) -> None:
         with effect(store, SCOPE, "charge", reconcile=down):
             pass
     assert states(store) == {("charge",): EffectState.INTENT}
+
+
+def test_concurrent_entries_let_one_attempt_in(store: Store) -> None:
+    """Racing entries of one new effect: one writes the intent, every other finds it."""
+    barrier, seen = threading.Barrier(4), []
+
+    def enter() -> None:
+        barrier.wait()
+        try:
+            with effect(store, SCOPE, "charge") as fx:
+                seen.append("new" if not fx.done else "done")
+        except UnknownOutcomeError:
+            seen.append("unknown")
+
+    threads = [threading.Thread(target=enter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == ["new", "unknown", "unknown", "unknown"]
 
 
 # -- async --------------------------------------------------------------------------

@@ -120,6 +120,7 @@ __all__ = [
     "Journal",
     "NotApplied",
     "UnknownOutcomeError",
+    "check_record",
     "effect",
     "idempotency_key",
     "record_name",
@@ -320,6 +321,16 @@ def _decode(label: str, record: Record) -> EffectInfo:
     )
 
 
+def check_record(integrity: Integrity, partition: Partition, record: Record, label: str | None = None) -> EffectInfo:
+    """An effect record of ``partition`` checked (value, seal) and decoded; damage raises CorruptItemError.
+
+    For tools that walk a partition (the command line's ``show``/``verify``):
+    names under :data:`EFFECT_PREFIX` are effect records.
+    """
+    label = label or record.name
+    return _decode(label, integrity.check(partition, record, label))
+
+
 @dataclass(frozen=True)
 class _Spec:
     """One effect as asked for: where, what, by whom, how an unknown outcome is settled."""
@@ -411,7 +422,7 @@ class Journal:
     def _list_flow(self, state: EffectState | None) -> Flow[list[EffectInfo]]:
         tags = {} if state is None else {STATE_TAG: state.value}
         records = yield ListOp(self.partition, ListQuery(prefix=EFFECT_PREFIX, order="seq", tags=tags))
-        return [_decode(r.name, self.integrity.check(self.partition, r)) for r in records]
+        return [check_record(self.integrity, self.partition, r) for r in records]
 
     def list(self, state: EffectState | None = None) -> list[EffectInfo]:
         """The effects of this partition, oldest first; ``state=EffectState.INTENT``: the unknown ones."""
@@ -437,9 +448,7 @@ class Journal:
 
     def _read_flow(self, spec: _Spec) -> Flow[EffectInfo | None]:
         (record,) = yield GetOp(self.partition, [spec.name])
-        if record is None:
-            return None
-        return _decode(spec.label, self.integrity.check(self.partition, record, spec.label))
+        return None if record is None else check_record(self.integrity, self.partition, record, spec.label)
 
     def _intent(self, spec: _Spec, key: str, attempt: int) -> EffectInfo:
         token = None if spec.lease is None else spec.lease.token

@@ -33,6 +33,7 @@ from checkpointers._flows import make_put
 from checkpointers._names import Partition
 from checkpointers.backends import open_backend
 from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.ops import GetOp, ListOp
 from checkpointers.backends.sqlite import (
     MIGRATIONS,
     SqliteBackend,
@@ -1210,3 +1211,35 @@ def test_a_backend_never_closed_does_not_hang_interpreter_exit(tmp_path: Path) -
     assert done.returncode == 0 and done.stdout.strip() == "written", done.stderr
     with SqliteBackend(tmp_path / "x.db") as backend:
         assert backend.get(Partition("u", "items", "s"), ["a"])[0] is not None
+
+
+def _traced(backend: SqliteBackend) -> list[str]:
+    """The SQL statements the backend's pooled read connection runs from now on."""
+    statements: list[str] = []
+    backend._idle[-1].set_trace_callback(statements.append)
+    return statements
+
+
+def test_many_reads_agree_with_one_by_one_and_join_prefix_listings(sqlite_backend: SqliteBackend) -> None:
+    names = ["c/1", "c/1/a", "c/1/b", "c/1-x", "c/10/a", "c/2/a", "c/2/b/c", "d%/a", "d_/a", "e"]
+    sqlite_backend.write(P, [make_put(n, n.encode(), tags={"t": n[0]}) for n in names])
+    other = Partition("bob", "items", "runs/r1")  # same names in another partition: never mixed in
+    sqlite_backend.write(other, [make_put(n, b"bob") for n in names])
+    ops = (
+        ListOp(P, ListQuery(prefix="c/1/")),
+        ListOp(P, ListQuery(prefix="c/1")),  # overlaps the first: each listing whole
+        ListOp(P, ListQuery(prefix="c/2/", values=False)),
+        ListOp(P, ListQuery(prefix="d%/")),  # literal, not a pattern
+        ListOp(P, ListQuery(prefix="zz/")),  # nothing
+        ListOp(P, ListQuery(prefix="c/", depth=0, descending=True, limit=1, children=True)),  # alone
+        GetOp(P, ["e", "missing", "c/1/a"]),
+        ListOp(other, ListQuery(prefix="c/1/")),
+    )
+    one_by_one = [op.call(sqlite_backend) for op in ops]
+    statements = _traced(sqlite_backend)
+    assert sqlite_backend.many(ops) == one_by_one
+    assert [r.name for r in one_by_one[1]] == ["c/1", "c/1-x", "c/1/a", "c/1/b", "c/10/a"]
+    assert one_by_one[2][0].value == b"" and one_by_one[7][0].value == b"bob"
+    # the 6 prefix listings: one statement per (partition, values) group, plus the query and the get
+    assert len(statements) == 5, statements
+    assert asyncio.run(sqlite_backend.amany(ops)) == one_by_one

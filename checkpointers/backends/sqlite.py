@@ -167,6 +167,7 @@ from .base import (
     evaluate,
     tags_json,
 )
+from .ops import GetOp, ListOp
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SqliteBackend", "translate_errors"]
 
@@ -1107,6 +1108,60 @@ def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]
     return out
 
 
+def _is_range(query: ListQuery) -> bool:
+    """Whether ``query`` is "every record under a prefix, in name order": what :func:`_many_reads` joins."""
+    return (
+        query == ListQuery(prefix=query.prefix, values=query.values)
+        and bool(query.prefix)
+        and _prefix_upper_bound(query.prefix) is not None
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _ranges_sql(count: int, values: bool) -> str:
+    """Every record in any of ``count`` name ranges, each row led by its range's position: one statement."""
+    marks = ", ".join(["(?, ?, ?)"] * count)
+    cols = _COLUMNS if values else _META_COLUMNS
+    return (
+        f"WITH q(i, lo, hi) AS (VALUES {marks}) SELECT q.i, {cols} FROM q CROSS JOIN records AS r "
+        "WHERE r.pkey = ? AND r.name >= q.lo AND r.name < q.hi"
+    )
+
+
+def _many_reads(conn: sqlite3.Connection, ops: Sequence[GetOp | ListOp]) -> list[Any]:
+    """The results of read operations on one connection; prefix listings of one partition in one statement.
+
+    The flows' :class:`~.ops.Parallel` reads (the writes of each of up to 64
+    checkpoints, beside a get of blobs) are independent: each listing is
+    what it would be alone, in name order.
+    """
+    results: list[Any] = [None] * len(ops)
+    ranges: dict[tuple[str, bool], list[tuple[int, str]]] = {}
+    for i, op in enumerate(ops):
+        if isinstance(op, GetOp):
+            results[i] = _get(conn, op.partition.key, op.names)
+        elif _is_range(op.query):
+            ranges.setdefault((op.partition.key, op.query.values), []).append((i, op.query.prefix))
+        else:
+            results[i] = _list(conn, op.partition.key, op.query)
+    for (pkey, values), group in ranges.items():
+        for start in range(0, len(group), _CHUNK // 3):  # 3 variables a range
+            chunk = group[start : start + _CHUNK // 3]
+            params: list[Any] = []
+            for i, prefix in chunk:
+                params += [i, prefix, _prefix_upper_bound(prefix)]
+                results[i] = []
+            for row in conn.execute(_ranges_sql(len(chunk), values), (*params, pkey)):
+                results[row[0]].append(_record(row[1:]))
+            for i, _ in chunk:
+                results[i].sort(key=_by_name)  # already in order: the index's
+    return results
+
+
+def _by_name(record: Record) -> str:
+    return record.name
+
+
 def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
     """Every record a tag query picked through the ``tags`` table carries those tags in its own row.
 
@@ -1313,6 +1368,21 @@ class SqliteBackend(Backend):
 
     async def adrop(self, partition: Partition) -> int:
         return await self._offload.run(self.drop, partition)
+
+    def many(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """Reads (gets, listings) on one connection, prefix listings of a partition in one statement.
+
+        Anything else runs one by one (:meth:`Backend.many`).
+        """
+        if len(ops) > 1 and all(isinstance(op, (GetOp, ListOp)) for op in ops):
+            return self._run(_many_reads, tuple(ops))
+        return super().many(ops)
+
+    async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """Async :meth:`many`: reads in one call on the worker, anything else concurrently."""
+        if len(ops) > 1 and all(isinstance(op, (GetOp, ListOp)) for op in ops):
+            return await self._offload.run(self.many, ops)
+        return await super().amany(ops)
 
     # -- connections -----------------------------------------------------------------
 

@@ -202,6 +202,10 @@ def test_verify_finds_every_record_damaged_in_the_sqlite_file(
     }
     code, bob = run(capsys, "verify", store, "--user", "bob")
     assert code == EXIT_OK and bob["problems"] == []  # another user's threads are untouched
+    export = tmp_path / "alice.jsonl"
+    assert main(["export", store, str(export), "--user", USER, "--quiet"]) == EXIT_STORE
+    assert "is corrupt" in capsys.readouterr().err
+    assert list(tmp_path.glob("alice.jsonl*")) == []  # a failed export leaves no truncated file
 
 
 def test_verify_finds_records_damaged_in_redis(
@@ -223,7 +227,8 @@ def test_verify_finds_records_damaged_in_redis(
     client.close()
     code, report = run(capsys, "verify", url, "--user", USER)
     assert code == EXIT_DAMAGED
-    assert {(f["partition"], f["record"]) for f in report["problems"]} == {("thread-1", checkpoint), ("thread-1", blob)}
+    found = sorted((f["partition"], f["record"], f["problem"]) for f in report["problems"])
+    assert found == sorted([("thread-1", checkpoint, "corrupt"), ("thread-1", blob, "corrupt")])  # each once
 
 
 def test_verify_reports_orphans_and_gc_removes_them(store: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -229,7 +229,7 @@ def cmd_export(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "user": ns.user,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
-    with _store(ns.url) as saver, _transfer.open_file(ns.file, "w") as f, out.progress("exporting") as tick:
+    with _store(ns.url) as saver, _transfer.writing(ns.file) as f, out.progress("exporting") as tick:
         counts = _transfer.export_entries(_transfer.OurSource(saver, ns.user), f, _serde(ns), header, tick)
     if ns.json:
         out.json({"file": ns.file, **counts})

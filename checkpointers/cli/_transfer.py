@@ -39,7 +39,9 @@ import base64
 import gzip
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
@@ -65,6 +67,7 @@ __all__ = [
     "export_entries",
     "import_file",
     "put_entry",
+    "writing",
 ]
 
 FORMAT, VERSION = "checkpointers-export", 1
@@ -220,10 +223,26 @@ def _unvalue(serde: SerializerProtocol, v: dict[str, str]) -> Any:
 
 
 def open_file(path: str | Path, mode: str) -> IO[str]:
-    """A text file, gzip-compressed when its name ends in ``.gz``."""
-    if str(path).endswith(".gz"):
+    """A text file, gzip-compressed when its name ends in ``.gz`` (or ``.gz.partial``)."""
+    if str(path).removesuffix(".partial").endswith(".gz"):
         return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8"))
     return open(path, mode, encoding="utf-8")
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[IO[str]]:
+    """Write ``path`` through ``<path>.partial``, renamed into place only when the block succeeds.
+
+    A failed export (a damaged record, a lost connection) leaves no file
+    behind, rather than a truncated one.
+    """
+    partial = Path(f"{path}.partial")
+    try:
+        with open_file(partial, "w") as f:
+            yield f
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _entry_lines(serde: SerializerProtocol, e: Entry) -> Iterator[dict[str, Any]]:

@@ -67,13 +67,20 @@ class _Refs:
         self.blobs: set[str] = set()
         self.writes: list[tuple[str, str]] = []  # (writes record, its checkpoint) not matched yet
 
+    def saw(self, name: str) -> None:
+        """A record is there (damaged or not): a blob is not missing, a checkpoint's writes are no orphans."""
+        kind = kind_of(name).kind
+        if kind == "checkpoint":
+            self.checkpoints.add(name)
+        elif kind == "blob":
+            self.blobs.add(name[len(BLOB) :])
+
 
 def _check_record(saver: Checkpointer, p: Partition, rec: Record, refs: _Refs) -> str | None:
     """Check one record of a thread; return an unknown name's reason, raise CorruptItemError if damaged."""
     kind = kind_of(rec.name)
     where = f"thread {p.name!r}"
     if kind.kind == "checkpoint":
-        refs.checkpoints.add(rec.name)  # damaged or not, its writes are not orphans
         s = decode_checkpoint(saver, p, rec)
         for channel, data in s.inline.items():
             layout_of(saver)._loads(f"channel {channel!r} inline in {rec.name!r}", data)
@@ -88,7 +95,6 @@ def _check_record(saver: Checkpointer, p: Partition, rec: Record, refs: _Refs) -
         if content_digest(rec.digest) != sha:
             raise CorruptItemError(rec.name, "its stored digest is not the one its name says")
         layout_of(saver)._load(p, f"blob {rec.name!r} of {where}", rec)
-        refs.blobs.add(sha)
     else:
         return "not a record name of the LangGraph layout"
     return None
@@ -104,10 +110,9 @@ def verify_thread(saver: Checkpointer, p: Partition) -> ThreadCheck:
     try:
         for rec in walk_resilient(saver.backend, p):
             out.records += 1
+            refs.saw(rec.key if isinstance(rec, CorruptItemError) else rec.name)
             if isinstance(rec, CorruptItemError):
                 add(rec.key, _problem(rec), rec.reason)
-                if kind_of(rec.key).kind == "checkpoint":
-                    refs.checkpoints.add(rec.key)
                 continue
             try:
                 unknown = _check_record(saver, p, rec, refs)

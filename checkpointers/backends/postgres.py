@@ -114,12 +114,14 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresBackend"]
 
 T = TypeVar("T")
 
-#: A statement and its parameters.
+#: The rows a statement returned.
 _Rows = builtins.list[tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
 class _Stmt:
+    """One SQL statement (``%s`` placeholders) and its parameters."""
+
     sql: str
     params: Sequence[Any] = ()
 

@@ -89,9 +89,17 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
-from checkpointers._flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, write_flow
-from checkpointers._integrity import Integrity, IntegrityKeys
-from checkpointers._names import (
+from checkpointers.backends import Backend, open_backend
+from checkpointers.backends.base import ListQuery, Mode, Put, Record
+from checkpointers.errors import (
+    CheckpointerError,
+    CorruptItemError,
+    InvalidNameError,
+    IsolationError,
+)
+from checkpointers.flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, write_flow
+from checkpointers.integrity import Integrity, IntegrityKeys
+from checkpointers.names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
     MAX_TAG_VALUE_LENGTH,
@@ -100,14 +108,6 @@ from checkpointers._names import (
     check_tags,
     encode_component,
     validate_user,
-)
-from checkpointers.backends import Backend, open_backend
-from checkpointers.backends.base import ListQuery, Mode, Put, Record
-from checkpointers.errors import (
-    CheckpointerError,
-    CorruptItemError,
-    InvalidNameError,
-    IsolationError,
 )
 
 from ._pickle_guard import restricted_decode

@@ -30,8 +30,11 @@ from .backends.ops import (
     Flow,
     GetOp,
     ListOp,
+    Op,
     Parallel,
     PartitionsOp,
+    SingleOp,
+    Step,
     WriteOp,
     arun,
     drop,
@@ -46,12 +49,16 @@ from .backends.ops import (
 from .errors import ConcurrencyError, CorruptItemError, StepMismatchError
 
 __all__ = [
+    "DELETE_ATTEMPTS",
     "DropOp",
     "Flow",
     "GetOp",
     "ListOp",
+    "Op",
     "Parallel",
     "PartitionsOp",
+    "SingleOp",
+    "Step",
     "WriteOp",
     "arun",
     "delete_present_flow",

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_TAGS",
     "MAX_TAG_KEY_LENGTH",
     "MAX_TAG_VALUE_LENGTH",
+    "MAX_USER_LENGTH",
     "Partition",
     "check_size",
     "check_tags",

@@ -2,7 +2,8 @@
 
 One class, :class:`Checkpointer`, works over every
 :class:`~checkpointers.backends.Backend`; the named subclasses only open
-their backend. Every operation is a flow (:mod:`checkpointers._saver_flows`)
+their backend. Every operation is a flow of the saver's record layout
+(:class:`~checkpointers._saver_flows.CheckpointLayout`, which it holds)
 driven by the backend's sync methods in ``get_tuple``/``put``/... and by its
 async methods in ``aget_tuple``/``aput``/..., so a sync call never bridges to
 an event loop (no deadlock inside a loop's thread) and an async call never
@@ -37,7 +38,10 @@ wrap the call in ``with saver.acting_for(user_id):``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
@@ -56,10 +60,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from ._flows import DropOp, Flow, arun, run
+from ._flows import Flow, arun, drop, run
 from ._integrity import Integrity, IntegrityKeys
 from ._names import ANONYMOUS_USER, DEFAULT_MAX_ITEM_BYTES, Partition, validate_user
-from ._saver_flows import SPACE, Found, SaverFlows, WriteMismatch
+from ._saver_flows import SPACE, CheckpointLayout, LoadedCheckpoint, TaskWrites, WriteMismatch, ckpt_name, writes_prefix
 from ._serde import AllowedTypes, SafeSerializer
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
@@ -74,6 +78,14 @@ __all__ = [
     "WriteMismatch",
     "default_serde",
 ]
+
+#: Names of the saver's record layout, for tools and the conformance kit
+#: (see :mod:`checkpointers._saver_flows`): the partition space of every
+#: LangGraph thread, a checkpoint record's name, the prefix of its writes.
+LANGGRAPH_SPACE = SPACE
+checkpoint_record_name = ckpt_name
+checkpoint_writes_prefix = writes_prefix
+logger = logging.getLogger("checkpointers.savers")
 
 _STRATEGIES = ("keep_latest", "delete")
 _SAVER_OPTIONS = (
@@ -133,7 +145,19 @@ def _text(argument: str, value: object, default: str | None = None) -> str:
     return value
 
 
-class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
+class _Counter:
+    """A count shared by a saver and its views (``copy.copy`` shares the object)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.lock = threading.Lock()
+
+    def add(self) -> None:
+        with self.lock:
+            self.value += 1
+
+
+class Checkpointer(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer over any backend, isolated per user.
 
     Args:
@@ -190,19 +214,74 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
                 "allowed_msgpack_modules",
                 "it and strict_decoding apply to the default serializer; configure your serde= instead",
             )
-        super().__init__(serde=serde or default_serde(allowed_msgpack_modules, strict=strict_decoding))
         if isinstance(max_item_bytes, bool) or not isinstance(max_item_bytes, int) or max_item_bytes <= 0:
             raise InvalidArgumentError("max_item_bytes", f"must be a positive int, got {max_item_bytes!r}")
+        chosen = serde or default_serde(allowed_msgpack_modules, strict=strict_decoding)
+        integrity = Integrity(integrity_key, accept_unsealed=accept_unsealed)
+        #: The record layout (serializer, size cap, seals, parent-channel cache) and its flows.
+        self.layout = CheckpointLayout(chosen, max_item_bytes, integrity)
+        super().__init__(serde=chosen)  # sets self.serde (LangGraph wraps it): see the property
         self.backend = backend
         self.user = None if user is None else validate_user(user)
         self.require_user = require_user
-        self.max_item_bytes = max_item_bytes
-        self.integrity = Integrity(integrity_key, accept_unsealed=accept_unsealed)
         self.strict_writes = strict_writes
         self.on_write_mismatch = on_write_mismatch
+        self._mismatches = _Counter()
         self._acting: ContextVar[str | None] = ContextVar(f"checkpointers_user_{id(self)}", default=None)
         self._partitions: dict[tuple[str, str], Partition] = {}
-        self._init_flows()
+
+    # The layout's settings, as LangGraph and callers know them. Setting one
+    # gives this saver (a view or a clone: ``with_allowlist`` sets ``serde``
+    # on a copy) a layout of its own that still shares the parent-channel cache.
+
+    @property
+    def serde(self) -> SerializerProtocol:
+        """The serializer of channel values, checkpoints and writes."""
+        return self.layout.serde
+
+    @serde.setter
+    def serde(self, value: SerializerProtocol) -> None:
+        self.layout = dataclasses.replace(self.layout, serde=value)
+
+    @property
+    def max_item_bytes(self) -> int:
+        """The cap on each stored record (``ItemTooLargeError`` over it, before anything is written)."""
+        return self.layout.max_item_bytes
+
+    @max_item_bytes.setter
+    def max_item_bytes(self, value: int) -> None:
+        self.layout = dataclasses.replace(self.layout, max_item_bytes=value)
+
+    @property
+    def integrity(self) -> Integrity:
+        """How records are sealed and checked (:class:`~checkpointers.Integrity`)."""
+        return self.layout.integrity
+
+    @property
+    def write_mismatches(self) -> int:
+        """How many re-written writes differed from the stored ones (kept) since this saver was made."""
+        return self._mismatches.value
+
+    def _report_mismatch(self, mismatch: WriteMismatch) -> None:
+        """Log, count and pass on a re-write whose value differs from the stored one."""
+        self._mismatches.add()
+        log = logger.warning if mismatch.kind == "recomputation" else logger.info
+        log(
+            "kept the stored write %d of task %r at checkpoint %r (thread %r, namespace %r): "
+            "a %s wrote %r (sha256 %s) over %r (sha256 %s)",
+            mismatch.idx,
+            mismatch.task_id,
+            mismatch.checkpoint_id,
+            mismatch.thread_id,
+            mismatch.checkpoint_ns,
+            mismatch.kind,
+            mismatch.new_channel,
+            mismatch.new_digest[:16],
+            mismatch.stored_channel,
+            mismatch.stored_digest[:16],
+        )
+        if self.on_write_mismatch is not None:
+            self.on_write_mismatch(mismatch)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Checkpointer:
@@ -287,7 +366,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
             raise InvalidArgumentError("configurable", f"must be a dict, got {type(conf).__name__}")
         return conf
 
-    def _tuple(self, found: Found, thread_id: object, config: RunnableConfig | None) -> CheckpointTuple:
+    def _tuple(self, found: LoadedCheckpoint, thread_id: object, config: RunnableConfig | None) -> CheckpointTuple:
         extra: dict[str, Any] = {}
         if config is not None and (config.get("configurable") or {}).get("user_id") is not None:
             extra["user_id"] = config["configurable"]["user_id"]
@@ -319,7 +398,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         cid = conf.get("checkpoint_id")
         if cid is not None:
             cid = _text("configurable.checkpoint_id", cid)
-        found = yield from self.get_flow(p, ns, cid)
+        found = yield from self.layout.get_flow(p, ns, cid)
         return None if found is None else self._tuple(found, conf["thread_id"], config)
 
     def _list_flow(
@@ -346,7 +425,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
             raise InvalidArgumentError("filter", f"must be a dict or None, got {type(filter).__name__}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise InvalidArgumentError("limit", f"must be None or an int, got {limit!r}")
-        found = yield from self.list_flow(parts, user, ns, cid, filter, before_id, limit)
+        found = yield from self.layout.list_flow(parts, user, ns, cid, filter, before_id, limit)
         return [self._tuple(f, f.thread if thread_id is None else thread_id, config) for f in found]
 
     def _put_flow(
@@ -366,7 +445,7 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
             raise InvalidArgumentError("checkpoint", f"must be a dict, got {type(checkpoint).__name__}")
         _text("checkpoint['id']", checkpoint.get("id"))
         merged = get_checkpoint_metadata(config, metadata)
-        yield from self.put_flow(p, ns, parent, checkpoint, merged, new_versions)
+        yield from self.layout.put_flow(p, ns, parent, checkpoint, merged, new_versions)
         out: dict[str, Any] = {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         if conf.get("user_id") is not None:
             out["user_id"] = conf["user_id"]
@@ -389,16 +468,17 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         for i, write in enumerate(writes):
             if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
                 raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
-        yield from self.put_writes_flow(p, ns, cid, writes, task_id, task_path)
+        task = TaskWrites(task_id, task_path, self.strict_writes, self._report_mismatch)
+        yield from self.layout.put_writes_flow(p, ns, cid, writes, task)
 
     def _delete_thread_flow(self, thread_id: str) -> Flow[None]:
         p = self._partition(None, thread_id)
-        yield DropOp(p)
-        self._forget(p)
+        yield from drop(p)
+        self.layout.parents.forget(p)
 
     def _copy_thread_flow(self, source_thread_id: str, target_thread_id: str) -> Flow[None]:
         src, dst = self._partition(None, source_thread_id), self._partition(None, target_thread_id)
-        yield from self.copy_flow(src, dst)
+        yield from self.layout.copy_flow(src, dst)
 
     def _prune_flow(self, thread_ids: Sequence[str], strategy: str) -> Flow[None]:
         if strategy not in _STRATEGIES:
@@ -408,18 +488,17 @@ class Checkpointer(SaverFlows, BaseCheckpointSaver[str]):
         parts = [self._partition(None, t) for t in thread_ids]
         for p in parts:
             if strategy == "delete":
-                yield DropOp(p)
-                self._forget(p)
+                yield from drop(p)
+                self.layout.parents.forget(p)
             else:
-                yield from self.prune_flow(p)
+                yield from self.layout.prune_flow(p)
 
     def _delete_for_runs_flow(self, run_ids: Sequence[str]) -> Flow[None]:
         if isinstance(run_ids, (str, bytes)):
             raise InvalidArgumentError("run_ids", "must be a list of run ids, not one string")
         user = self._user(None)
-        yield from self.delete_runs_flow(user, run_ids)
-        with self._recent_lock:
-            self._recent.clear()
+        yield from self.layout.delete_runs_flow(user, run_ids)
+        self.layout.parents.clear()
 
     # -- sync API ---------------------------------------------------------------
 

@@ -72,11 +72,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._integrity import Integrity
-from .._names import Partition
-from .._names import encode_component as _enc
 from ..backends.base import Backend, ListQuery, Put, Record
 from ..errors import CorruptItemError, IsolationError
+from ..integrity import Integrity
+from ..names import Partition
+from ..names import encode_component as _enc
 from ..store import _name
 from .contract import Api, _raises
 
@@ -487,7 +487,8 @@ def _record_payload(cid: str, **fields: Any) -> dict[str, Any]:
 def _crafted_puts(p: Partition, placement: str, frames: dict[str, bytes], cid: str) -> list[Put]:
     import ormsgpack
 
-    from .._saver_flows import ckpt_name, writes_prefix
+    from ..savers import checkpoint_record_name as ckpt_name
+    from ..savers import checkpoint_writes_prefix as writes_prefix
 
     def clean(**fields: Any) -> bytes:
         return b"\x07msgpack" + ormsgpack.packb(_record_payload(cid, **fields))
@@ -515,7 +516,7 @@ async def check_langgraph_crafted_checkpoint_never_runs_code(saver_for: SaverFor
     """Crafted checkpoint bytes naming os.system (msgpack ext, pickle, json) raise CorruptItemError; nothing runs."""
     from langgraph.checkpoint.base.id import uuid6
 
-    from .._saver_flows import SPACE
+    from ..savers import LANGGRAPH_SPACE as SPACE
 
     tag = f"cf{uuid.uuid4().hex[:8]}-"
     saver = saver_for(f"{tag}alice")
@@ -555,7 +556,7 @@ async def check_langgraph_checkpoint_copied_from_another_user(saver_for: SaverFo
     """Bob's thread (checkpoint, blob, writes) copied into alice's raises CorruptItemError for alice."""
     from langgraph.checkpoint.base.id import uuid6
 
-    from .._saver_flows import SPACE
+    from ..savers import LANGGRAPH_SPACE as SPACE
 
     tag = f"cf{uuid.uuid4().hex[:8]}-"
     alice, bob = saver_for(f"{tag}alice"), saver_for(f"{tag}bob")

@@ -14,8 +14,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._flows import digest, make_put
-from .._names import Partition
 from ..backends.base import Backend, Delete, ListQuery, Mode, Put
 from ..errors import (
     ConcurrencyError,
@@ -25,6 +23,8 @@ from ..errors import (
     StepMismatchError,
     TooManyTagsError,
 )
+from ..flows import digest, make_put
+from ..names import Partition
 from ..store import Store, _name
 
 __all__ = ["Api", "CONTRACT_CHECKS", "BACKEND_CHECKS", "modes_of"]

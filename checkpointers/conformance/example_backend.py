@@ -20,7 +20,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .._names import Partition
 from ..backends.base import (
     Backend,
     Delete,
@@ -32,6 +31,7 @@ from ..backends.base import (
     evaluate,
     with_children,
 )
+from ..names import Partition
 
 __all__ = ["ExampleBackend"]
 

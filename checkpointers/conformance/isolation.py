@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import uuid
 
-from .._flows import make_put
-from .._names import Partition
 from ..backends.base import Backend, ListQuery
 from ..errors import ConcurrencyError
+from ..flows import make_put
+from ..names import Partition
 from .contract import Api, _raises
 
 __all__ = ["HOSTILE_IDS", "ISOLATION_CHECKS", "BACKEND_ISOLATION_CHECKS"]

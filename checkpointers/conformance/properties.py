@@ -26,9 +26,9 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from .._flows import DropOp, Flow, GetOp, ListOp, PartitionsOp, WriteOp, arun, make_put, run
-from .._names import Partition, encode_component
 from ..backends.base import Backend, Delete, ListQuery
+from ..flows import DropOp, Flow, GetOp, ListOp, PartitionsOp, WriteOp, arun, make_put, run
+from ..names import Partition, encode_component
 from .contract import Api, only_modes
 from .strategies import (
     any_text,

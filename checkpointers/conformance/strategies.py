@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from .._names import MAX_KEY_LENGTH, MAX_SCOPE_LENGTH, MAX_USER_LENGTH
+from ..names import MAX_KEY_LENGTH, MAX_SCOPE_LENGTH, MAX_USER_LENGTH
 
 __all__ = [
     "HOSTILE_ATOMS",

@@ -257,7 +257,7 @@ class LeanTransport:
         if self.sync:
             _release_idle(self.pool, self.idle)
 
-    def _take(self) -> Any:
+    def _connection(self) -> Any:
         """A connection for one round trip (sync): an idle one, else the pool's."""
         pid = os.getpid()
         while True:
@@ -277,7 +277,7 @@ class LeanTransport:
 
     def execute(self, wire: Sequence[Wire]) -> list[Any]:
         pool, client = self.pool, self.client
-        conn = self._take()
+        conn = self._connection()
         try:
             conn.send_packed_command(_pack(conn, wire))
             replies: list[Any] = []
@@ -314,7 +314,7 @@ class LeanTransport:
             if not conn.is_connected:
                 await conn.connect()  # before reading the parser: it is set up on connect
             replies: list[Any] = []
-            await _around_trip(conn, _pack(conn, wire), replies, len(wire))
+            await _async_round_trip(conn, _pack(conn, wire), replies, len(wire))
             for i, args in enumerate(wire):
                 reply = _callback(client, args[0], replies[i])
                 replies[i] = await reply if inspect.isawaitable(reply) else reply
@@ -407,7 +407,7 @@ def _hiredis_parts(conn: Any) -> tuple[Any, Any, asyncio.StreamReader, asyncio.S
     return parser, reader, stream, writer
 
 
-async def _around_trip(conn: Any, packed: list[bytes], replies: list[Any], want: int) -> None:
+async def _async_round_trip(conn: Any, packed: list[bytes], replies: list[Any], want: int) -> None:
     """Send ``packed`` on a connected ``redis.asyncio`` connection and read ``want`` replies.
 
     What ``send_packed_command`` and ``parse_response`` per reply do
@@ -429,7 +429,7 @@ async def _around_trip(conn: Any, packed: list[bytes], replies: list[Any], want:
         async with _atimeout(conn.socket_timeout):
             writer.writelines(packed)
             await writer.drain()
-            while not _take_replies(reader, replies, want, pushes):
+            while not _collect_replies(reader, replies, want, pushes):
                 chunk = await stream.read(65536)
                 if not chunk:
                     raise rex.ConnectionError("Connection closed by server.")
@@ -442,7 +442,7 @@ async def _around_trip(conn: Any, packed: list[bytes], replies: list[Any], want:
         raise rex.ConnectionError(f"Error while reading from or writing to socket: {exc.args}") from exc
 
 
-def _take_replies(reader: Any, replies: list[Any], want: int, pushes: list[Any]) -> bool:
+def _collect_replies(reader: Any, replies: list[Any], want: int, pushes: list[Any]) -> bool:
     """Move the complete replies buffered in ``reader`` to ``replies``; whether all ``want`` are there.
 
     As redis-py's parsers do: an error reply is its exception, returned in

@@ -177,6 +177,7 @@ def test_verify_finds_every_record_damaged_in_the_sqlite_file(
     blob = sorted(n for n in recs if kind_of(n).kind == "blob")[0]  # a state holding the 4 KiB note
     moved = next(n for n in nested_recs if kind_of(n).kind == "checkpoint")
     tagged = sorted(n for n in nested_recs if kind_of(n).kind == "checkpoint")[-1]
+    unreadable = sorted(n for n in nested_recs if kind_of(n).kind == "writes")[0]  # the backend refuses the row
     with sqlite3.connect(db) as conn:
         for name in (checkpoint, writes):
             conn.execute(
@@ -190,6 +191,7 @@ def test_verify_finds_every_record_damaged_in_the_sqlite_file(
             (work.key, checkpoint, work.key, checkpoint, nested.key, moved),
         )
         conn.execute("UPDATE records SET tags = '{}' WHERE pkey = ? AND name = ?", (nested.key, tagged))
+        conn.execute("UPDATE records SET tags = '{not json' WHERE pkey = ? AND name = ?", (nested.key, unreadable))
     code, report = run(capsys, "verify", store, "--user", USER)
     found = {(f["partition"], f["record"], f["problem"]) for f in report["problems"]}
     assert code == EXIT_DAMAGED
@@ -199,6 +201,7 @@ def test_verify_finds_every_record_damaged_in_the_sqlite_file(
         ("thread-1", blob, "missing"),
         ("nested", moved, "corrupt"),
         ("nested", tagged, "corrupt"),
+        ("nested", unreadable, "corrupt"),
     }
     code, bob = run(capsys, "verify", store, "--user", "bob")
     assert code == EXIT_OK and bob["problems"] == []  # another user's threads are untouched
@@ -329,3 +332,26 @@ def test_migrate_between_our_stores_to_another_user(
     assert code == EXIT_OK and moved["threads"] == 2
     _same(tuples(url, "carol"), tuples(store, USER))
     assert tuples(url, USER) == {}
+
+
+@pytest.mark.parametrize("page", [1, 2, 3, 7])
+def test_walks_page_through_every_record_in_name_order(
+    page: int, tmp_path: Path, store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``walk`` and ``walk_resilient`` a few records a listing give what one listing of everything gives."""
+    from checkpointers.backends.base import ListQuery
+    from checkpointers.cli._scan import walk_resilient
+
+    p = Partition(USER, "langgraph", "nested")
+    with Checkpointer.from_url(store) as saver:
+        every = [r.name for r in saver.backend.list(p, ListQuery())]
+        assert [r.name for r in walk(saver.backend, p, page=page)] == every
+        checkpoints = [r.name for r in saver.backend.list(p, ListQuery(prefix="c/", depth=1))]
+        assert [r.name for r in walk(saver.backend, p, "c/", depth=1, page=page)] == checkpoints
+    damaged = every[len(every) // 2]
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        conn.execute("UPDATE records SET tags = '{not json' WHERE pkey = ? AND name = ?", (p.key, damaged))
+    with Checkpointer.from_url(store) as saver:
+        got = list(walk_resilient(saver.backend, p, page=page))
+    assert [r.name if not isinstance(r, Exception) else r.key for r in got] == every
+    assert [type(r).__name__ for r in got if isinstance(r, Exception)] == ["CorruptItemError"]

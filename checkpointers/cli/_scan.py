@@ -5,8 +5,8 @@ thread in one partition: ``c/<ns>/<id>`` checkpoint records, their writes as
 children ``c/<ns>/<id>/<task>/<i>`` (``w/...`` in formats 1 and 2) and
 ``b/<sha256>`` blobs. Everything here goes through the backend interface
 only, a page of records at a time, so memory does not grow with a thread's
-history: a walk is a run of listings in name order, each starting at the last
-name of the one before (``start`` is inclusive, so that record is dropped).
+history: a walk is a run of listings in name order, each starting right after
+the last name of the one before.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ __all__ = [
 #: Records per listing.
 PAGE = 256
 CKPT, OLD_WRITES, BLOB = "c/", "w/", "b/"
+#: The lowest character of the name alphabet (``[A-Za-z0-9_%/-]``, see :mod:`checkpointers.backends.base`):
+#: ``name + _LOWEST`` is below every name that sorts after ``name``, and above ``name``.
+_LOWEST = "%"
 
 
 def layout_of(saver: Any) -> Any:
@@ -68,15 +71,13 @@ def walk(
     page: int = PAGE,
 ) -> Iterator[Record]:
     """Every record of ``p`` under ``prefix`` (at ``depth``), ascending by name, ``page`` per listing."""
-    last: str | None = None
+    start: str | None = None
     while True:
-        query = ListQuery(prefix=prefix, depth=depth, values=values, start=last, limit=page + (last is not None))
-        got = backend.list(p, query)
-        fresh = [r for r in got if r.name != last]
-        yield from fresh
-        if len(got) < query.limit or not fresh:  # type: ignore[operator]
+        got = backend.list(p, ListQuery(prefix=prefix, depth=depth, values=values, start=start, limit=page))
+        yield from got
+        if len(got) < page:
             return
-        last = fresh[-1].name
+        start = got[-1].name + _LOWEST
 
 
 @dataclass(frozen=True)
@@ -103,33 +104,28 @@ def kind_of(name: str) -> RecordKind:
     return RecordKind("unknown")
 
 
-def walk_resilient(backend: Backend, p: Partition, *, page: int = PAGE) -> Iterator[Record | CorruptItemError]:
-    """Like :func:`walk` over every record, but a record the backend cannot read is yielded as its error.
+def walk_resilient(
+    backend: Backend, p: Partition, start: str | None = None, stop: str | None = None, *, page: int = PAGE
+) -> Iterator[Record | CorruptItemError]:
+    """Every record of ``p`` in ``[start, stop)`` by name, a record the backend refuses yielded as its error.
 
-    A page that fails is listed again by name only and its records read one
-    by one, so one damaged row does not hide the others.
+    When a listing fails on a damaged record that the error names, the
+    records before it are walked on their own, the error is yielded in its
+    place and the walk goes on after it; so one damaged row does not hide
+    the others. An error that names no record of the range is raised.
     """
-    last: str | None = None
     while True:
-        limit = page + (last is not None)
         try:
-            got: list[Record | CorruptItemError] = list(backend.list(p, ListQuery(start=last, limit=limit)))
-        except CorruptItemError:
-            got = list(_one_by_one(backend, p, last, limit))
-        fresh = [r for r in got if (r.name if isinstance(r, Record) else r.key) != last]
-        yield from fresh
-        names = [r.name if isinstance(r, Record) else r.key for r in fresh]
-        if len(got) < limit or not names:
-            return
-        last = names[-1]
-
-
-def _one_by_one(backend: Backend, p: Partition, start: str | None, limit: int) -> Iterator[Record | CorruptItemError]:
-    for head in backend.list(p, ListQuery(start=start, limit=limit, values=False)):
-        try:
-            (rec,) = backend.get(p, [head.name])
+            got = backend.list(p, ListQuery(start=start, stop=stop, limit=page))
         except CorruptItemError as exc:
-            yield CorruptItemError(head.name, exc.reason)
+            where = exc.key
+            if (start is not None and where < start) or (stop is not None and where >= stop):
+                raise
+            yield from walk_resilient(backend, p, start, where, page=page)
+            yield exc
+            start = where + _LOWEST
             continue
-        if rec is not None:
-            yield rec
+        yield from got
+        if len(got) < page:
+            return
+        start = got[-1].name + _LOWEST

@@ -265,6 +265,28 @@ def test_retried_write_that_had_applied_reports_success(postgres_backend: Postgr
     assert b._run(lambda retried: _write_op(s, p, [other], [], True)).conflict is not None
 
 
+@pytest.mark.timeout(60)
+def test_one_backend_serves_successive_event_loops(postgres_backend: PostgresBackend) -> None:
+    """``asyncio.run`` per call: each loop ends while the backend lives on (no task of ours left on it)."""
+    b = postgres_backend
+    p = Partition("u", "items", "loops")
+    for i in range(3):
+        result = asyncio.run(b.awrite(p, [make_put(f"k{i}", b"v")]))
+        assert result.conflict is None
+        assert [r.name for r in asyncio.run(b.alist(p, ListQuery()))] == [f"k{j}" for j in range(i + 1)]
+    assert len(b._loops) <= 1  # the connections of loops that ended are let go
+
+
+def test_many_pipelines_reads_with_the_results_of_one_by_one(postgres_backend: PostgresBackend) -> None:
+    b = postgres_backend
+    p = Partition("u", "items", "many")
+    b.write(p, [make_put("a/1", b"1", tags={"t": "x"}), make_put("a/2", b"2"), make_put("b", b"3")])
+    ops = [GetOp(p, ["a/1", "zz"]), ListOp(p, ListQuery(prefix="a/")), ListOp(p, ListQuery(tags={"t": "x"}))]
+    expected = [op.call(b) for op in ops]
+    assert b.many(ops) == expected
+    assert asyncio.run(b.amany(ops)) == expected
+
+
 # -- PgBouncer transaction mode: no server-side prepared statements --------------------------
 
 

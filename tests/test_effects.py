@@ -5,7 +5,8 @@ unknown outcome with and without ``reconcile=`` / ``retry_safe=True``, an
 exception inside the block, isolation, the records' life with their
 partition, integrity, lease fencing, a property over random crash points
 against a SQLite ledger standing in for the downstream service, and real
-``kill -9`` runs of a worker process (``tests/effects_app.py``).
+``kill -9`` runs of a worker process (``tests/effects_app.py``) on SQLite, Redis
+and PostgreSQL (S3 over HTTP under ``--deep``).
 """
 
 from __future__ import annotations
@@ -577,7 +578,7 @@ def _worker(url: str, ledger: Path, user: str, scope: str, *args: str) -> list[s
 
 @pytest.mark.parametrize("reconcile", [True, False], ids=["reconcile", "default"])
 @pytest.mark.parametrize("point", ["before_intent", "after_call", "after_outcome"])
-@pytest.mark.parametrize("backend_name", ["sqlite", "redis", "s3_http"])
+@pytest.mark.parametrize("backend_name", ["sqlite", "redis", "postgres", "s3_http"])
 def test_kill_9_at_each_point(
     backend: Backend, request: pytest.FixtureRequest, tmp_path: Path, point: str, reconcile: bool
 ) -> None:

@@ -355,3 +355,23 @@ def test_walks_page_through_every_record_in_name_order(
         got = list(walk_resilient(saver.backend, p, page=page))
     assert [r.name if not isinstance(r, Exception) else r.key for r in got] == every
     assert [type(r).__name__ for r in got if isinstance(r, Exception)] == ["CorruptItemError"]
+
+
+def test_a_checkpoint_id_held_with_other_content_is_kept_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    from checkpointers.cli import EXIT_CONFLICT
+
+    checkpoint = create_checkpoint(empty_checkpoint(), None, 1)
+    urls = [f"sqlite:///{tmp_path / name}" for name in ("src.db", "dst.db")]
+    for url, n in zip(urls, (1, 2), strict=True):
+        with Checkpointer.from_url(url) as saver:
+            body = {**checkpoint, "channel_values": {"n": n}, "channel_versions": {"n": "1"}}
+            saver.for_user(USER).put(CONFIG, body, {"source": "input", "step": n}, {"n": "1"})
+    assert main(["migrate", urls[0], urls[1], "--user", USER, "--quiet"]) == EXIT_CONFLICT
+    assert "the destination keeps what it holds" in capsys.readouterr().err
+    with Checkpointer.from_url(urls[1]) as saver:
+        kept = saver.for_user(USER).get_tuple(CONFIG)
+    assert kept is not None and kept.checkpoint["channel_values"] == {"n": 2}

@@ -11,7 +11,9 @@ damaged, missing or orphaned records, or ``show`` found no checkpoint; ``2``
 bad arguments; ``3`` the store or a file could not be opened or read
 (unreachable server, missing file, a record that cannot be decoded); ``4``
 ``import`` refused the file (not an export, another format version, a digest
-that does not match): nothing was written.
+that does not match): nothing was written; ``5`` ``import``/``migrate`` met a
+checkpoint id the destination holds with other content (``StepMismatchError``):
+the stored one is kept, not replaced.
 """
 
 from __future__ import annotations
@@ -22,9 +24,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._commands import COMMANDS, EXIT_DAMAGED, EXIT_OK, EXIT_REFUSED, EXIT_STORE, EXIT_USAGE
+from ._commands import COMMANDS, EXIT_CONFLICT, EXIT_DAMAGED, EXIT_OK, EXIT_REFUSED, EXIT_STORE, EXIT_USAGE
 
-__all__ = ["EXIT_DAMAGED", "EXIT_OK", "EXIT_REFUSED", "EXIT_STORE", "EXIT_USAGE", "build_parser", "main"]
+__all__ = [
+    "EXIT_CONFLICT",
+    "EXIT_DAMAGED",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_STORE",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]
 
 _EPILOG = """\
 store URLs:   sqlite:///state.db (sqlite:////abs/path.db)   redis://127.0.0.1:6379/0
@@ -34,7 +45,8 @@ LangGraph's savers (migrate sources):  langgraph+sqlite:///checkpoints.db
 users:        threads belong to a user (for_user / configurable.user_id); threads written
               without one are user '' (--user '').
 exit codes:   0 ok, 1 verify found problems (or show found nothing), 2 bad arguments,
-              3 store or file unreadable, 4 import refused the file (nothing written)
+              3 store or file unreadable, 4 import refused the file (nothing written),
+              5 the destination holds a checkpoint id with other content (kept, not replaced)
 
 examples:
   checkpointers threads sqlite:///state.db --user alice

@@ -12,15 +12,21 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .._names import Partition
-from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
+from ..errors import (
+    BackendUnavailableError,
+    CheckpointerError,
+    ConcurrencyError,
+    CorruptItemError,
+    StepMismatchError,
+)
 from ..savers import Checkpointer, default_serde
 from . import _inspect, _transfer, _verify
 from ._output import Output
 from ._scan import thread_partitions
 
-__all__ = ["COMMANDS", "EXIT_DAMAGED", "EXIT_OK", "EXIT_REFUSED", "EXIT_STORE", "EXIT_USAGE"]
+__all__ = ["COMMANDS", "EXIT_CONFLICT", "EXIT_DAMAGED", "EXIT_OK", "EXIT_REFUSED", "EXIT_STORE", "EXIT_USAGE"]
 
-EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_STORE, EXIT_REFUSED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_STORE, EXIT_REFUSED, EXIT_CONFLICT = 0, 1, 2, 3, 4, 5
 
 Command = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
@@ -58,6 +64,9 @@ def guarded(fn: Command) -> Command:
         except CorruptItemError as exc:
             out.error(f"{exc} (run `checkpointers verify` to list every damaged record)")
             return EXIT_STORE
+        except (StepMismatchError, ConcurrencyError) as exc:
+            out.error(f"{exc}; the destination keeps what it holds (the records written before this one stay)")
+            return EXIT_CONFLICT
         except (BackendUnavailableError, OSError) as exc:
             out.error(str(exc))
             return EXIT_STORE

@@ -599,16 +599,18 @@ def _fetch(
     decode: Callable[[Sequence[Any]], Record] = _record,
 ) -> dict[str, Record]:
     """The stored records among ``names`` (values replaced by ``b""`` unless asked)."""
-    cols = _COLUMNS if values else _META_COLUMNS
     found: dict[str, Record] = {}
     for chunk in _chunks(names):
-        marks = ",".join("?" * len(chunk))
-        rows = conn.execute(
-            f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks})", (pkey, *chunk)
-        )
-        for row in rows:
+        for row in conn.execute(_fetch_sql(len(chunk), values), (pkey, *chunk)):
             found[row[0]] = decode(row)
     return found
+
+
+@functools.lru_cache(maxsize=128)
+def _fetch_sql(count: int, values: bool) -> str:
+    """The statement of :func:`_fetch` for ``count`` names (built once per count: one prepared statement)."""
+    cols = _COLUMNS if values else _META_COLUMNS
+    return f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({','.join('?' * count)})"
 
 
 def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Record | None]:

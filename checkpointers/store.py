@@ -29,6 +29,7 @@ checkpointers.errors.LeaseHeldError: 'runs/r1' is leased by owner 'worker-1' (fe
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -499,9 +500,10 @@ class Store:
         state = yield from read_flow(self.lease_site(scope))
         return None if state is None else state.info(scope)
 
-    def _expired(self, limit: int) -> Flow[list[LeaseInfo]]:
-        limit = _check_limit(limit) or 0
-        return (yield from expired_flow(self.integrity, self._user(), SPACE, limit, self.clock))
+    def _expired(self, limit: int | None) -> Flow[list[LeaseInfo]]:
+        checked = _check_limit(limit)
+        bound = sys.maxsize if checked is None else checked
+        return (yield from expired_flow(self.integrity, self._user(), SPACE, bound, self.clock))
 
     def acquire_lease(self, scope: str, owner: str, ttl: float) -> Lease:
         """Take the single-writer lease of ``scope`` for ``owner`` for ``ttl`` seconds.
@@ -518,8 +520,8 @@ class Store:
         """The lease stored for ``scope`` (held, expired or released), or None."""
         return run(self._current(scope), self.backend)
 
-    def expired_leases(self, *, limit: int = 100) -> list[LeaseInfo]:
-        """Up to ``limit`` scopes of this store's user whose lease expired without release.
+    def expired_leases(self, *, limit: int | None = 100) -> list[LeaseInfo]:
+        """Up to ``limit`` (``None``: all) scopes of this store's user whose lease expired without release.
 
         For recovery: a starting process reclaims them (``acquire_lease``
         succeeds after the expiry, with a higher token) and resumes the work.
@@ -604,6 +606,6 @@ class Store:
         """Async :meth:`current_lease`."""
         return await arun(self._current(scope), self.backend)
 
-    async def aexpired_leases(self, *, limit: int = 100) -> list[LeaseInfo]:
+    async def aexpired_leases(self, *, limit: int | None = 100) -> list[LeaseInfo]:
         """Async :meth:`expired_leases`."""
         return await arun(self._expired(limit), self.backend)

@@ -211,6 +211,9 @@ def test_recovery_scan_is_per_user_and_bounded(backend: Backend, clock: FakeCloc
     found = alice.expired_leases()
     assert [(i.scope, i.owner, i.released) for i in found] == [(f"a/{n}", "w1", False) for n in (1, 2, 3)]
     assert [i.scope for i in alice.expired_leases(limit=2)] == ["a/1", "a/2"]
+    assert alice.expired_leases(limit=0) == [] and len(alice.expired_leases(limit=None)) == 3
+    with pytest.raises(InvalidArgumentError):
+        alice.expired_leases(limit=-1)
     assert [i.scope for i in bob.expired_leases()] == ["b/1"]
     reclaimed = alice.acquire_lease(found[0].scope, "w2", ttl=5)
     assert reclaimed.token > found[0].token

@@ -212,7 +212,7 @@ def probe_requests(ctx: Context, entry: SaverEntry) -> dict[str, collections.Cou
     counts: dict[str, collections.Counter[str]] = {}
     with session(entry, primary_mode(entry), ctx.env) as s:
         thread = ShapeThread("req", channels=2, size=4096, changing=2)
-        drive(s, lambda sv: thread.puts(sv, 3))  # warm connections; the probe writes the 4th checkpoint
+        drive(s, lambda sv: thread.puts(sv, 3, writes=False))  # warm up; the probe writes the 4th checkpoint
         counter = s.opened.requests
         assert counter is not None
         before = counter()

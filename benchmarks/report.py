@@ -4,7 +4,7 @@
 metric in one mode, oriented so that **≥ 1.0 means ours is at or ahead**:
 anchor / ours for times, bytes and requests, ours / anchor for rates.
 
-    python -m benchmarks.report results.json           # redraw results.png from a saved run
+    python -m benchmarks.report results.json    # print the summary, redraw results.png from a saved run
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from .harness import Measure, Table
 
-__all__ = ["CHART_METRICS", "chart", "speed_ratios", "write_json"]
+__all__ = ["CHART_METRICS", "chart", "speed_ratios", "summary", "write_json"]
 
 
 def speed_ratios(measures: Iterable[Measure]) -> list[dict[str, Any]]:
@@ -112,6 +112,28 @@ def chart(data: dict[str, Any], png: Path) -> Path:
     return png
 
 
+def summary(data: dict[str, Any]) -> str:
+    """A markdown table of the chart's numbers: speed ratio of ours vs each backend's reference anchor."""
+    from .savers import FAMILIES, REFERENCE
+
+    metrics = chart_metrics(data)
+    ratios = [r for r in data["ratios"] if r["anchor"] == REFERENCE.get(r["family"])]
+    columns = [(f, m) for f in FAMILIES for m in ("sync", "async")
+               if any((r["family"], r["mode"]) == (f, m) for r in ratios)]
+    lines = ["### Summary: speed ratio of ours vs the reference anchor (≥1.00x = ours at or ahead)", "",
+             "| metric | " + " | ".join(f"{f} {m}" for f, m in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for metric in metrics:
+        cells = []
+        for family, mode in columns:
+            hit = next((r["speed_ratio"] for r in ratios
+                        if (r["family"], r["mode"], r["metric"]) == (family, mode, metric)), None)
+            cells.append("" if hit is None else f"{hit:.2f}x")
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    anchors = ", ".join(f"{f}: {REFERENCE[f]}" for f, _ in dict.fromkeys((f, 0) for f, _ in columns))
+    return "\n".join([*lines, "", f"- anchors: {anchors}; bytes/put: anchor bytes / ours."]) + "\n"
+
+
 def _anchor_label(ratios: list[dict[str, Any]], family: str, anchor: str, mode: str) -> str:
     labels = [r["anchor_label"] for r in ratios if (r["family"], r["anchor"]) == (family, anchor)]
     exact = [r["anchor_label"] for r in ratios if (r["family"], r["anchor"], r["mode"]) == (family, anchor, mode)]
@@ -121,7 +143,9 @@ def _anchor_label(ratios: list[dict[str, Any]], family: str, anchor: str, mode: 
 def main(argv: list[str]) -> int:
     for name in argv or ["benchmarks/results/results.json"]:
         path = Path(name)
-        print(chart(json.loads(path.read_text(encoding="utf-8")), path.with_suffix(".png")))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        print(summary(data))
+        print(chart(data, path.with_suffix(".png")))
     return 0
 
 

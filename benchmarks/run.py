@@ -28,7 +28,7 @@ from typing import Any
 
 from . import harness
 from .harness import PROGRESS, Context, Sizes, Table
-from .report import chart, write_json
+from .report import chart, summary, write_json
 from .savers import REFERENCE, Env, SaverEntry, StorageEntry, saver_entries, storage_entries
 from .workloads import ALIASES, WORKLOADS
 
@@ -167,6 +167,8 @@ def outputs(args: argparse.Namespace, info: dict[str, Any], tables: list[Table],
     json_path.parent.mkdir(parents=True, exist_ok=True)
     data = write_json(json_path, info, tables)
     png = chart(data, Path(args.chart) if args.chart else json_path.with_suffix(".png"))
+    print(summary(data), flush=True)
+    parts.append(summary(data))
     harness.log(f"wrote {json_path} and {png}")
     if args.out:
         Path(args.out).write_text("\n".join(parts), encoding="utf-8")

@@ -182,20 +182,20 @@ def test_concurrent_writes_of_one_holder_do_not_fail(leased: Store) -> None:
 
     def writer(n: int) -> None:
         try:
-            for i in range(4):
+            for i in range(3):
                 leased.set_item("s", f"k{n}-{i}", i, lease=lease)
                 if n == 0:
                     lease.renew()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
-    assert len(leased.list_items("s")) == 24
+    assert len(leased.list_items("s")) == 15
 
 
 def test_recovery_scan_is_per_user_and_bounded(backend: Backend, clock: FakeClock) -> None:

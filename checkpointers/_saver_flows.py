@@ -33,8 +33,16 @@ misses a record. Checkpoint ids are LangGraph's uuid6 strings, which sort by
 time, and ``encode_component`` keeps ``[A-Za-z0-9_-]`` as is, so name order
 is time order and the latest checkpoint is one ``list(limit=1)``.
 
-Each operation below is a generator of backend operations (see
-:mod:`checkpointers._flows`): the saver drives it with ``run`` in its sync
+The module is in two parts. Pure planners (no I/O, tested on their own in
+``tests/test_saver_plan.py``): the names and tags above, where each channel
+value of a put goes (:func:`split_channels`, :class:`ChannelPlan`,
+:func:`checkpoint_payload`), which writes are special (:func:`split_writes`),
+which listings a load needs (:func:`writes_queries`, :func:`writes_by_owner`)
+and the bounded list walks (:func:`list_starts`, :func:`list_next`, ...).
+Then :class:`CheckpointLayout`, the object a saver holds (serializer, size
+cap, seals, the :class:`ParentChannels` cache), whose methods are the flows:
+generators of backend operations yielded through the typed helpers of
+:mod:`checkpointers.flows`, which the saver drives with ``run`` in its sync
 methods and ``arun`` in its async ones.
 """
 
@@ -48,7 +56,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any
+from typing import Any, NamedTuple
 
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -369,8 +377,7 @@ class WriteMismatch:
         return "recomputation" if self.task_path else "edit"
 
 
-@dataclass(frozen=True)
-class Channels:
+class Channels(NamedTuple):
     """Where a checkpoint's channel values are: their versions, blob digests and inline bytes."""
 
     versions: Mapping[str, Any]
@@ -486,8 +493,7 @@ def split_writes(writes: Sequence[tuple[str, Any]]) -> tuple[dict[int, tuple[str
     return special, regular
 
 
-@dataclass(frozen=True)
-class TaskWrites:
+class TaskWrites(NamedTuple):
     """Whose writes a put_writes call stores, and what to do with a re-write that differs.
 
     ``report`` is called with each :class:`WriteMismatch`; ``strict`` raises
@@ -692,8 +698,7 @@ class ListSelection:
         )
 
 
-@dataclass(frozen=True)
-class Walk:
+class Walk(NamedTuple):
     """One walk over one thread (see :func:`list_starts`): where its next listing stops, how many it asks."""
 
     thread: int
@@ -840,7 +845,9 @@ class CheckpointLayout:
             if channel in values:
                 plan.add(channel, self._dump(f"channel {channel!r} of {subject}", values[channel]))
         if inherited:
-            prior = yield from self._parent_channels_flow(p, ns, parent)
+            prior = self.parents.of(p, ns, parent) if parent else None
+            if prior is None:
+                prior = yield from self._parent_record_flow(p, ns, parent)
             for channel in inherited:
                 if not plan.inherit(channel, versions[channel], prior) and channel in values:
                     plan.add(channel, self._dump(f"channel {channel!r} of {subject}", values[channel]))
@@ -861,15 +868,14 @@ class CheckpointLayout:
         yield from write_flow(p, [*blob_puts, record], (), labels)
         self.parents.written(p, ns, cid, Channels(versions, plan.blobs, plan.inline))
 
-    def _parent_channels_flow(self, p: Partition, ns: str, parent: str | None) -> Flow[Channels]:
-        """Where the parent's channels are: from :class:`ParentChannels`, else its record (none: empty)."""
-        prior = self.parents.of(p, ns, parent) if parent else None
-        if prior is None and parent:
+    def _parent_record_flow(self, p: Partition, ns: str, parent: str | None) -> Flow[Channels]:
+        """Where the parent's channels are, from its record (no parent or none stored: nowhere)."""
+        if parent:
             (rec,) = yield from get(p, [ckpt_name(ns, parent)])
             if rec is not None:
                 got = self._decode_checkpoint(p, rec)
-                prior = Channels(got.checkpoint.get("channel_versions", {}), got.blobs, got.inline)
-        return prior or Channels({}, {}, {})
+                return Channels(got.checkpoint.get("channel_versions", {}), got.blobs, got.inline)
+        return Channels({}, {}, {})
 
     def put_writes_flow(
         self,
@@ -1064,8 +1070,13 @@ class CheckpointLayout:
         digests = sorted({d for s in checkpoints for d in s.blobs.values()})
         queries = writes_queries(checkpoints, listed)
         blobs = GetOp(p, [_blob_name(d) for d in digests]) if digests else None
-        blob_recs, listings = yield from get_and_lists(blobs, [ListOp(p, q) for q in queries])
-        values = {d: self._blob_value(p, d, rec, subject) for d, rec in zip(digests, blob_recs, strict=True)}
+        blob_recs: list[Record | None] = []
+        listings: list[list[Record]] = []
+        if blobs or queries:  # (the latest checkpoint with inline values only: nothing to read)
+            blob_recs, listings = yield from get_and_lists(blobs, [ListOp(p, q) for q in queries])
+        values: dict[str, Any] = {}
+        for d, rec in zip(digests, blob_recs, strict=True):
+            values[d] = self._blob_value(p, d, rec, subject)
         writes = writes_by_owner([*listed.values(), *listings])
         return [self._assemble(p, s, values, writes.get(s.name, {}), subject) for s in checkpoints]
 

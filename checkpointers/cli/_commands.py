@@ -87,11 +87,15 @@ def _store(url: str, *, existing: bool = True) -> Iterator[Checkpointer]:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    """Bytes for people: ``812 B``, ``16.2 KiB``, ``3.0 GiB``."""
+    if n < 1024:
+        return f"{n:,} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:,.1f} {unit}"
 
 
 _THREAD_COLUMNS = ("thread", "checkpoints", "writes", "blobs", "bytes", "last write", "expires")
@@ -227,6 +231,7 @@ def cmd_gc(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _serde(ns: argparse.Namespace) -> Any:
+    """The serializer values are decoded and encoded with: the savers' own (``--import`` widens its allowlist)."""
     return default_serde()
 
 

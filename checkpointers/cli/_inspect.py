@@ -138,10 +138,18 @@ def show(saver: Checkpointer, user: str, thread: str, checkpoint: str | None, ns
     }
 
 
-def task_writes(saver: Checkpointer, p: Partition, ns: str, cid: str) -> list[tuple[str, str, int, str, Any]]:
-    """The writes stored for one checkpoint as ``(task_path, task_id, idx, channel, value)``, in write order."""
+def task_writes(
+    saver: Checkpointer, p: Partition, ns: str, cid: str, *, old_layout: bool = True
+) -> list[tuple[str, str, int, str, Any]]:
+    """The writes stored for one checkpoint as ``(task_path, task_id, idx, channel, value)``, in write order.
+
+    ``old_layout``: also look where records of formats 1 and 2 kept their
+    writes (``w/<ns>/<id>/``); a record of format 3 has its writes only as
+    its children.
+    """
     out: list[tuple[str, str, int, str, Any]] = []
-    for prefix in (writes_prefix(ns, cid), f"w/{enc(ns)}/{enc(cid)}/"):
+    prefixes = [writes_prefix(ns, cid)] + ([f"w/{enc(ns)}/{enc(cid)}/"] if old_layout else [])
+    for prefix in prefixes:
         for rec in walk(saver.backend, p, prefix):
             out.extend(layout_of(saver)._pending(p, rec, f"checkpoint {cid!r} of thread {p.name!r}"))
     return sorted(out, key=lambda w: writes_sort_key(w[0], w[1], w[2]))

@@ -123,7 +123,7 @@ class OurSource:
             found = self.view.get_tuple({"configurable": conf})
             if found is None:  # deleted since it was listed
                 continue
-            writes = task_writes(self.saver, p, s.ns, s.cid)
+            writes = task_writes(self.saver, p, s.ns, s.cid, old_layout=getattr(s, "format", 1) < 3)
             yield Entry(thread_id, s.ns, dict(found.checkpoint), dict(found.metadata), s.parent, writes)
 
     def close(self) -> None:

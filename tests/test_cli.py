@@ -375,3 +375,43 @@ def test_a_checkpoint_id_held_with_other_content_is_kept_not_replaced(
     with Checkpointer.from_url(urls[1]) as saver:
         kept = saver.for_user(USER).get_tuple(CONFIG)
     assert kept is not None and kept.checkpoint["channel_values"] == {"n": 2}
+
+
+def test_import_option_lets_the_command_decode_a_state_type_of_yours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataclass of a module the command has not imported is refused (exit 3) until ``--import`` names it."""
+    import importlib
+    import os
+    import subprocess
+    import sys
+
+    from langgraph.graph import StateGraph
+
+    (tmp_path / "mystate.py").write_text(
+        "from dataclasses import dataclass\nfrom typing import TypedDict\n\n"
+        "@dataclass\nclass Ticket:\n    id: int\n    title: str\n\n"
+        "class State(TypedDict, total=False):\n    ticket: Ticket\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mystate", raising=False)
+    mystate = importlib.import_module("mystate")
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    builder = StateGraph(mystate.State)
+    builder.add_node("open", lambda s: {"ticket": mystate.Ticket(7, "disk full")})
+    builder.set_entry_point("open")
+    with Checkpointer.from_url(url) as saver:
+        builder.compile(checkpointer=saver.for_user(USER)).invoke({}, {"configurable": {"thread_id": "t"}})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+    def show(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "checkpointers", "show", url, "--user", USER, "--thread", "t", *extra]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    refused = show()
+    assert refused.returncode == EXIT_STORE, refused.stderr
+    assert "mystate" in refused.stderr and "Ticket" in refused.stderr
+    shown = show("--import", "mystate")
+    assert shown.returncode == EXIT_OK, shown.stderr
+    values = json.loads(shown.stdout)["checkpoint"]["channel_values"]
+    assert values["ticket"] == {"type": "Ticket", "id": 7, "title": "disk full"}

@@ -31,7 +31,7 @@ import pytest
 from checkpointers import BackendUnavailableError
 from checkpointers._flows import make_put
 from checkpointers._names import Partition
-from checkpointers.backends.base import ListQuery, Mode
+from checkpointers.backends.base import Delete, ListQuery, Mode
 from checkpointers.backends.ops import GetOp, ListOp
 from checkpointers.backends.postgres import SCHEMA_VERSION, PostgresBackend, _list_op, _write_op
 from checkpointers.postgres_saver import PostgresCheckpointer
@@ -285,6 +285,41 @@ def test_many_pipelines_reads_with_the_results_of_one_by_one(postgres_backend: P
     expected = [op.call(b) for op in ops]
     assert b.many(ops) == expected
     assert asyncio.run(b.amany(ops)) == expected
+
+
+def test_damaged_rows_are_corrupt_items_not_driver_errors(
+    postgres_backend: PostgresBackend, _postgres_admin: psycopg.Connection[Any]
+) -> None:
+    from checkpointers.errors import CorruptItemError
+
+    b, s = postgres_backend, postgres_backend.schema
+    p = Partition("u", "items", "damaged")
+    b.write(p, [make_put("a", b"1", tags={"t": "x"}), make_put("b", b"2")])
+    _postgres_admin.execute(f"UPDATE {s}.records SET tags = 'not json' WHERE pkey = %s AND name = 'a'", (p.key,))
+    with pytest.raises(CorruptItemError, match="'a'"):
+        b.get(p, ["a"])
+    assert b.get(p, ["b"])[0] is not None  # the others still read
+    # a tag row that its record does not carry (forged or damaged) is refused, not returned as a match
+    _postgres_admin.execute(
+        f"INSERT INTO {s}.tags (pkey, name, k, v, seq) VALUES (%s, 'b', '\"t\"', '\"x\"', 1)", (p.key,)
+    )
+    with pytest.raises(CorruptItemError, match="'b'"):
+        b.list(p, ListQuery(tags={"t": "x"}, prefix="b"))
+    # a registry row naming another partition than its key's
+    _postgres_admin.execute(f"UPDATE {s}.partitions SET name = %s WHERE pkey = %s", (b"elsewhere", p.key))
+    with pytest.raises(CorruptItemError):
+        b.partitions("u", "items")
+
+
+def test_seqs_keep_growing_across_deletes_and_drops(postgres_backend: PostgresBackend) -> None:
+    b = postgres_backend
+    p = Partition("u", "items", "seqs")
+    first = b.write(p, [make_put("a", b"1"), make_put("b", b"2")]).records
+    b.write(p, [], [Delete("b")])  # the newest record goes
+    after_delete = b.write(p, [make_put("c", b"3")]).records[0].seq
+    assert b.drop(p) == 2 and b.partitions("u", "items") == []
+    after_drop = b.write(p, [make_put("d", b"4")]).records[0].seq
+    assert first[0].seq < first[1].seq < after_delete < after_drop
 
 
 # -- PgBouncer transaction mode: no server-side prepared statements --------------------------

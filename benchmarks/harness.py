@@ -81,8 +81,9 @@ class Sizes:
     cell_budget: float = 4.0
     #: (f) skips a size where one call is expected to take longer than this
     slow_call: float = 5.0
-    #: (b)/(c) give up on a saver that cannot put its history within this many seconds
-    fill_budget: float = 100.0
+    #: (b)/(c)/(f) give up on a saver that cannot put its history within this many seconds
+    #: (S3's sync face on moto needs ~100-200 s for 5,000)
+    fill_budget: float = 250.0
 
     @classmethod
     def quick(cls) -> Sizes:

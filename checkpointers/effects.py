@@ -96,12 +96,12 @@ from ._integrity import Integrity
 from ._names import DEFAULT_MAX_ITEM_BYTES, Partition, encode_component, validate_key
 from .backends.base import Backend, ListQuery, Mode, Put, Record, WriteResult
 from .errors import (
-    CheckpointerError,
     ConcurrencyError,
     CorruptItemError,
     InvalidArgumentError,
     InvalidNameError,
     StepMismatchError,
+    UnknownOutcomeError,
 )
 from .leases import Clock, Lease, LeaseSite, guarded_write_flow
 from .store import decode_value, encode_value
@@ -191,33 +191,6 @@ class Intent:
     def at(self) -> datetime:
         """``at_ms`` as an aware UTC datetime."""
         return datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc)
-
-
-class UnknownOutcomeError(CheckpointerError):
-    """An effect's intent is stored without an outcome: did the call happen?
-
-    The process that wrote the intent died (or raised) between announcing the
-    effect and recording its outcome, or is still running it. The journal
-    cannot tell whether the downstream system applied it. Ask it by ``key``
-    and pass ``reconcile=`` (a callable returning the outcome, or
-    ``NOT_APPLIED``), or declare the effect ``retry_safe=True`` if the
-    downstream deduplicates on the key.
-    """
-
-    def __init__(self, effect: str, intent: Intent) -> None:
-        self.effect = effect
-        self.intent = intent
-        self.key = intent.key
-        self.owner = intent.owner
-        self.at = intent.at
-        self.lease_token = intent.lease_token
-        lease = "no lease" if intent.lease_token is None else f"lease token {intent.lease_token}"
-        super().__init__(
-            f"{effect}: outcome unknown: attempt {intent.attempt} by {intent.owner!r} announced it at "
-            f"{intent.at.isoformat(timespec='milliseconds')} ({lease}) and recorded no outcome. Ask the "
-            f"downstream system whether key {intent.key!r} was applied and pass reconcile= (returning the "
-            f"outcome, or NOT_APPLIED), or pass retry_safe=True if it deduplicates on that key"
-        )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ can catch ``CheckpointerError`` at a boundary. Input errors also derive from
     ├── IsolationError
     ├── LeaseHeldError                                    .scope .owner .token .until
     ├── LeaseLostError                                    .scope .owner .token .current_owner .current_token
+    ├── UnknownOutcomeError                               .effect .key .owner .at .lease_token .intent
     ├── CorruptItemError                                  .key .reason
     │   └── DisallowedTypeError                           .module .name
     └── BackendUnavailableError                           __cause__ = the driver's error
@@ -25,6 +26,8 @@ Backends translate their driver's exceptions at the edge (each backend has one
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "BackendUnavailableError",
@@ -40,6 +43,7 @@ __all__ = [
     "LeaseLostError",
     "StepMismatchError",
     "TooManyTagsError",
+    "UnknownOutcomeError",
     "UnserializableValueError",
 ]
 
@@ -279,3 +283,31 @@ class BackendUnavailableError(CheckpointerError):
 
     The driver's exception is chained as ``__cause__``.
     """
+
+
+class UnknownOutcomeError(CheckpointerError):
+    """An effect's intent is stored without an outcome: did the call happen?
+
+    The process that wrote the intent died (or raised) between announcing the
+    effect and recording its outcome, or is still running it. The journal
+    (:mod:`checkpointers.effects`) cannot tell whether the downstream system
+    applied it. Ask it by ``key`` and pass ``reconcile=`` (a callable returning
+    the outcome, or ``NOT_APPLIED``), or declare the effect ``retry_safe=True``
+    if the downstream deduplicates on the key. ``intent`` is the stored
+    :class:`~checkpointers.effects.Intent` (owner, time, lease token, attempt).
+    """
+
+    def __init__(self, effect: str, intent: Any) -> None:
+        self.effect = effect
+        self.intent = intent
+        self.key: str = intent.key
+        self.owner: str = intent.owner
+        self.at = intent.at
+        self.lease_token: int | None = intent.lease_token
+        lease = "no lease" if intent.lease_token is None else f"lease token {intent.lease_token}"
+        super().__init__(
+            f"{effect}: outcome unknown: attempt {intent.attempt} by {intent.owner!r} announced it at "
+            f"{intent.at.isoformat(timespec='milliseconds')} ({lease}) and recorded no outcome. Ask the "
+            f"downstream system whether key {intent.key!r} was applied and pass reconcile= (returning the "
+            f"outcome, or NOT_APPLIED), or pass retry_safe=True if it deduplicates on that key"
+        )

@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._flows import DELETE_ATTEMPTS, Flow, GetOp, ListOp, arun, new_etag, raise_conflict, run
 from ._integrity import Integrity, IntegrityKeys
@@ -52,6 +52,9 @@ from ._names import (
 from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
 from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, IsolationError, UnserializableValueError
 from .leases import Clock, Lease, LeaseInfo, LeaseSite, acquire, expired_flow, guarded_write_flow, read_flow
+
+if TYPE_CHECKING:
+    from .effects import EffectBlock
 
 __all__ = ["Batch", "Item", "Store", "STEP_PREFIX"]
 
@@ -529,6 +532,31 @@ class Store:
         are found, in scope-name order.
         """
         return run(self._expired(limit), self.backend)
+
+    def effect(
+        self,
+        scope: str,
+        key: str,
+        *,
+        lease: Lease | None = None,
+        owner: str | None = None,
+        reconcile: Any = None,
+        retry_safe: bool = False,
+    ) -> EffectBlock:
+        """The side-effect journal entry ``key`` of ``scope``: ``with`` / ``async with`` it.
+
+        Entering writes the **intent** (owner, time, lease token) before the
+        caller acts; ``fx.record(outcome)`` writes the outcome (append-only);
+        an effect already done gives ``fx.done``/``fx.outcome`` so the caller
+        skips it; an intent without outcome raises
+        :class:`~checkpointers.errors.UnknownOutcomeError` unless
+        ``reconcile=`` (asks the downstream system by ``fx.key``) or
+        ``retry_safe=True``. Written under ``lease`` like any fenced write.
+        See :mod:`checkpointers.effects`.
+        """
+        from .effects import effect
+
+        return effect(self, scope, key, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)
 
     # -- async API: the same flows, driven by the backend's async methods --
 

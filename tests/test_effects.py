@@ -89,6 +89,23 @@ def test_absent_intent_done(store: Store) -> None:
         assert not again.reconciled and again.unknown_intent is None
 
 
+def test_store_effect_is_the_same_journal(store: Store) -> None:
+    """``store.effect`` is the journal's Store face; its unknown-outcome error is the library's."""
+    import checkpointers.errors
+
+    with store.effect(SCOPE, "mail", owner="w1") as fx:
+        fx.record("sent")
+    with effect(store, SCOPE, "mail") as again:
+        assert again.done and again.outcome == "sent" and again.key == fx.key
+    with store.effect(SCOPE, "sms", owner="w1"):
+        pass  # left without record: the intent stays
+    with pytest.raises(checkpointers.errors.UnknownOutcomeError) as err:
+        with store.effect(SCOPE, "sms", owner="w2"):
+            raise AssertionError("an unknown outcome must not enter the block")
+    assert err.value.owner == "w1" and err.value.key.startswith("fx-")
+    assert UnknownOutcomeError is checkpointers.errors.UnknownOutcomeError
+
+
 def test_key_is_stable_and_distinct(store: Store) -> None:
     with effect(store, SCOPE, "a") as a1:
         pass

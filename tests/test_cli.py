@@ -277,11 +277,27 @@ def _same(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> None:
         assert [tuple(t) for t in a[thread]] == [tuple(t) for t in b[thread]], thread
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
-def test_export_then_import_into_redis_twice_gives_the_same_tuples(
-    suffix: str, tmp_path: Path, store: str, redis_store: tuple[str, str], capsys: pytest.CaptureFixture[str]
+@pytest.fixture
+def other_store(request: pytest.FixtureRequest) -> str:
+    """An empty store of another backend: the test Redis (fresh prefix) or S3 (moto in-process, fresh prefix)."""
+    if request.param == "redis":
+        url: str = request.getfixturevalue("redis_store")[0]
+        return url
+    from tests.plugins.s3_plugin import BUCKET
+
+    request.getfixturevalue("s3_inprocess_client")  # moto's mock is on, the bucket exists
+    return f"s3://{BUCKET}/cli-{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize(
+    ("other_store", "suffix"),
+    [("redis", ".jsonl"), ("redis", ".jsonl.gz"), ("s3", ".jsonl.gz")],  # S3 on moto: ~8 s, once
+    indirect=["other_store"],
+)
+def test_export_then_import_into_another_backend_twice_gives_the_same_tuples(
+    suffix: str, tmp_path: Path, store: str, other_store: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url, _ = redis_store
+    url = other_store
     file = tmp_path / f"alice{suffix}"
     code, exported = run(capsys, "export", store, str(file), "--user", USER)
     expected = tuples(store, USER)

@@ -129,8 +129,8 @@ def cmd_threads(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 @guarded
 def cmd_history(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Output(ns.json, ns.quiet)
-    with _store(ns.url) as saver:
-        rows = _inspect.history(saver, ns.user, ns.thread, ns.limit)
+    with _store(ns.url) as saver, out.progress("reading records") as tick:
+        rows = _inspect.history(saver, ns.user, ns.thread, ns.limit, tick)
     if ns.json:
         out.json(rows)
         return EXIT_OK

@@ -87,12 +87,15 @@ def space_totals(saver: Checkpointer, user: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def history(saver: Checkpointer, user: str, thread: str, limit: int | None) -> list[dict[str, Any]]:
+def history(
+    saver: Checkpointer, user: str, thread: str, limit: int | None, tick: Tick = _no_tick
+) -> list[dict[str, Any]]:
     """The checkpoints of a thread, newest first (every namespace), without channel values."""
     p = Partition(user, "langgraph", thread)
     rows = []
     writes: dict[str, int] = {}
     for rec in walk(saver.backend, p, CKPT, values=True):
+        tick(1)
         kind = kind_of(rec.name)
         if kind.kind == "writes" and kind.owner is not None:
             writes[kind.owner] = writes.get(kind.owner, 0) + 1

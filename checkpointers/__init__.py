@@ -18,10 +18,14 @@ from .errors import (
     InvalidNameError,
     IsolationError,
     ItemTooLargeError,
+    LeaseHeldError,
+    LeaseLostError,
     StepMismatchError,
     TooManyTagsError,
+    UnknownOutcomeError,
     UnserializableValueError,
 )
+from .leases import Lease, LeaseInfo
 from .store import Batch, Item, Store
 
 __version__ = "0.2.0"
@@ -57,6 +61,10 @@ __all__ = [
     "IsolationError",
     "Item",
     "ItemTooLargeError",
+    "Lease",
+    "LeaseHeldError",
+    "LeaseInfo",
+    "LeaseLostError",
     "MemoryCheckpointer",
     "PostgresCheckpointer",
     "RedisCheckpointer",
@@ -65,6 +73,7 @@ __all__ = [
     "StepMismatchError",
     "Store",
     "TooManyTagsError",
+    "UnknownOutcomeError",
     "UnserializableValueError",
     "__version__",
     "open_backend",

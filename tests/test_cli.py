@@ -426,7 +426,7 @@ def test_import_option_lets_the_command_decode_a_state_type_of_yours(
 
     refused = show()
     assert refused.returncode == EXIT_STORE, refused.stderr
-    assert "mystate" in refused.stderr and "Ticket" in refused.stderr
+    assert "Ticket" in refused.stderr and "pass --import mystate" in refused.stderr
     shown = show("--import", "mystate")
     assert shown.returncode == EXIT_OK, shown.stderr
     values = json.loads(shown.stdout)["checkpoint"]["channel_values"]

@@ -17,6 +17,7 @@ from ..errors import (
     CheckpointerError,
     ConcurrencyError,
     CorruptItemError,
+    DisallowedTypeError,
     StepMismatchError,
 )
 from ..savers import Checkpointer, default_serde
@@ -61,6 +62,9 @@ def guarded(fn: Command) -> Command:
         except _transfer.ExportError as exc:
             out.error(f"{exc}; nothing was imported")
             return EXIT_REFUSED
+        except DisallowedTypeError as exc:
+            out.error(f"{exc} (if it is a type of yours, pass --import {exc.module})")
+            return EXIT_STORE
         except CorruptItemError as exc:
             out.error(f"{exc} (run `checkpointers verify` to list every damaged record)")
             return EXIT_STORE

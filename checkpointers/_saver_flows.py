@@ -53,10 +53,10 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -493,18 +493,17 @@ def split_writes(writes: Sequence[tuple[str, Any]]) -> tuple[dict[int, tuple[str
     return special, regular
 
 
-class TaskWrites(NamedTuple):
-    """Whose writes a put_writes call stores, and what to do with a re-write that differs.
+class WritePolicy(Protocol):
+    """What to do with a re-written write whose value differs from the stored one (the saver is one).
 
-    ``report`` is called with each :class:`WriteMismatch`; ``strict`` raises
-    :class:`~checkpointers.errors.StepMismatchError` instead when the
-    re-write comes from a recomputation (a ``task_path``).
+    ``_report_mismatch`` is called with each :class:`WriteMismatch`;
+    ``strict_writes`` raises :class:`~checkpointers.errors.StepMismatchError`
+    instead when the re-write comes from a recomputation (a ``task_path``).
     """
 
-    task_id: str
-    task_path: str
-    strict: bool
-    report: Callable[[WriteMismatch], None]
+    strict_writes: bool
+
+    def _report_mismatch(self, mismatch: WriteMismatch, /) -> None: ...
 
 
 def writes_queries(checkpoints: Sequence[CheckpointRecord], listed: Mapping[str, object]) -> list[ListQuery]:
@@ -883,7 +882,9 @@ class CheckpointLayout:
         ns: str,
         cid: str,
         writes: Sequence[tuple[str, Any]],
-        task: TaskWrites,
+        task_id: str,
+        task_path: str,
+        policy: WritePolicy,
     ) -> Flow[None]:
         """Store one task's writes in one atomic batch (before or after its checkpoint).
 
@@ -896,16 +897,17 @@ class CheckpointLayout:
         the stored value, as every LangGraph saver does (``update_state``,
         forks and ``Command(resume=..., update=...)`` re-write them); the new
         ones of the call are written. A re-write with a *different* value is
-        reported (``task.report``), and raised as
-        :class:`~checkpointers.errors.StepMismatchError` with ``task.strict``
+        reported (``policy._report_mismatch``), and raised as
+        :class:`~checkpointers.errors.StepMismatchError` with ``policy.strict_writes``
         when it comes from a task's recomputation (a ``task_path``).
         """
-        subject = f"task {task.task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
-        prefix = f"{writes_prefix(ns, cid)}{enc(task.task_id)}/"
+        task = (task_id, task_path)
+        subject = f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+        prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
         special, regular = split_writes(writes)
-        special_puts, special_labels = self._special_puts(p, prefix, special, task, subject)
+        special_puts, special_labels = self._special_puts(p, prefix, special, task, subject) if special else ([], [])
         for _ in range(_WRITE_ATTEMPTS):
-            regular_puts, labels = self._regular_puts(p, prefix, regular, task.task_id, task.task_path, subject)
+            regular_puts, labels = self._regular_puts(p, prefix, regular, task_id, task_path, subject)
             puts = [*regular_puts, *special_puts]
             if not puts:
                 return
@@ -919,19 +921,19 @@ class CheckpointLayout:
             stored = yield from self._stored_writes_flow(p, prefix, subject)
             for idx, channel, value in regular:
                 if idx in stored:
-                    self._check_rewrite(p, ns, cid, task, idx, stored[idx], (channel, value), subject)
+                    self._check_rewrite(p, ns, cid, task, policy, idx, stored[idx], (channel, value), subject)
             regular = [w for w in regular if w[0] not in stored]
         raise ConcurrencyError(f"writes of {subject}", None)
 
     def _special_puts(
-        self, p: Partition, prefix: str, special: Mapping[int, tuple[str, Any]], task: TaskWrites, subject: str
+        self, p: Partition, prefix: str, special: Mapping[int, tuple[str, Any]], task: tuple[str, str], subject: str
     ) -> tuple[list[Put], list[str]]:
         """One UPSERT record per special write, and their labels."""
         puts: list[Put] = []
         labels: list[str] = []
         for idx, (channel, value) in special.items():
             label = f"write {idx} ({channel!r}) of {subject}"
-            payload = {"task_id": task.task_id, "task_path": task.task_path, "w": [[idx, channel, value]]}
+            payload = {"task_id": task[0], "task_path": task[1], "w": [[idx, channel, value]]}
             data = self._dump(label, payload)
             puts.append(self.integrity.put(p, f"{prefix}{idx}", data, etag=new_etag(), mode=Mode.UPSERT))
             labels.append(label)
@@ -966,7 +968,8 @@ class CheckpointLayout:
         p: Partition,
         ns: str,
         cid: str,
-        task: TaskWrites,
+        task: tuple[str, str],
+        policy: WritePolicy,
         idx: int,
         stored: tuple[str, Any],
         new: tuple[str, Any],
@@ -977,10 +980,11 @@ class CheckpointLayout:
         old_digest, new_digest = digest(self._dump(label, list(stored))), digest(self._dump(label, list(new)))
         if old_digest == new_digest:
             return
-        if task.strict and task.task_path:
+        task_id, task_path = task
+        if policy.strict_writes and task_path:
             raise StepMismatchError(label, old_digest, new_digest)
-        task.report(
-            WriteMismatch(p.name, ns, cid, task.task_id, task.task_path, idx, stored[0], new[0], old_digest, new_digest)
+        policy._report_mismatch(
+            WriteMismatch(p.name, ns, cid, task_id, task_path, idx, stored[0], new[0], old_digest, new_digest)
         )
 
     def _packed(

@@ -63,7 +63,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from ._flows import Flow, arun, drop, run
 from ._integrity import Integrity, IntegrityKeys
 from ._names import ANONYMOUS_USER, DEFAULT_MAX_ITEM_BYTES, Partition, validate_user
-from ._saver_flows import SPACE, CheckpointLayout, LoadedCheckpoint, TaskWrites, WriteMismatch, ckpt_name, writes_prefix
+from ._saver_flows import SPACE, CheckpointLayout, LoadedCheckpoint, WriteMismatch, ckpt_name, writes_prefix
 from ._serde import AllowedTypes, SafeSerializer
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
@@ -468,8 +468,7 @@ class Checkpointer(BaseCheckpointSaver[str]):
         for i, write in enumerate(writes):
             if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
                 raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
-        task = TaskWrites(task_id, task_path, self.strict_writes, self._report_mismatch)
-        yield from self.layout.put_writes_flow(p, ns, cid, writes, task)
+        yield from self.layout.put_writes_flow(p, ns, cid, writes, task_id, task_path, self)
 
     def _delete_thread_flow(self, thread_id: str) -> Flow[None]:
         p = self._partition(None, thread_id)

@@ -33,6 +33,7 @@ from checkpointers._flows import make_put
 from checkpointers._names import Partition
 from checkpointers.backends import open_backend
 from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.memory import MemoryBackend
 from checkpointers.backends.ops import GetOp, ListOp
 from checkpointers.backends.sqlite import (
     MIGRATIONS,
@@ -1243,3 +1244,21 @@ def test_many_reads_agree_with_one_by_one_and_join_prefix_listings(sqlite_backen
     # the 6 prefix listings: one statement per (partition, values) group, plus the query and the get
     assert len(statements) == 5, statements
     assert asyncio.run(sqlite_backend.amany(ops)) == one_by_one
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("tags", [{}, {"t": "c"}])
+def test_children_listing_is_one_statement_and_skips_names_that_only_extend_a_pick(
+    sqlite_backend: SqliteBackend, descending: bool, tags: dict[str, str]
+) -> None:
+    # "c/x/1-a" and "c/x/1%b" sort between "c/x/1" and its children: siblings, not children
+    names = ["c/x/1", "c/x/1%b", "c/x/1-a", "c/x/1-a/w", "c/x/1/a", "c/x/1/b/c", "c/x/2", "c/x/2/a", "c/x/20/a"]
+    reference = MemoryBackend()
+    puts = [make_put(n, n.encode(), tags={"t": n[0]}) for n in names]
+    for backend in (sqlite_backend, reference):
+        backend.write(P, puts)
+    for limit in (None, 1, 2, 10):
+        query = ListQuery(prefix="c/x/", depth=0, descending=descending, limit=limit, children=True, tags=tags)
+        statements = _traced(sqlite_backend)
+        assert sqlite_backend.list(P, query) == reference.list(P, query), query
+        assert len(statements) == 1, statements

@@ -865,8 +865,9 @@ def _applied(puts: Sequence[Put], seqs: Mapping[int, int], kept: Mapping[str, Re
 def _write(
     conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
 ) -> WriteResult:
-    check_batch(puts, deletes)
-    if not puts and not deletes:
+    if len(puts) + len(deletes) > 1:  # one operation cannot name a record twice
+        check_batch(puts, deletes)
+    elif not puts and not deletes:
         return WriteResult(records=[])
     memo = conn if isinstance(conn, _Connection) else None
     result: WriteResult | None = None

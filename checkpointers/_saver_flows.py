@@ -81,12 +81,11 @@ from ._flows import (
     partitions,
     raise_conflict,
     write,
-    write_flow,
 )
 from ._integrity import Integrity
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size
 from ._names import encode_component as enc
-from .backends.base import Delete, ListQuery, Mode, Put, Record, content_digest
+from .backends.base import Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
 from .errors import (
     ConcurrencyError,
     CorruptItemError,
@@ -98,6 +97,7 @@ from .errors import (
 
 __all__ = [
     "SPACE",
+    "BatchWriter",
     "CheckpointLayout",
     "CheckpointRecord",
     "LoadedCheckpoint",
@@ -749,6 +749,22 @@ class ParentChannels:
             self._last.clear()
 
 
+class BatchWriter(Protocol):
+    """How a layout's writes reach the backend: one atomic batch of ``p``, its result.
+
+    The saver installs one (:attr:`CheckpointLayout.writer`) to fence its
+    writes with the thread's lease (:mod:`checkpointers.leases`); it must
+    return the batch's own result (a refused condition is a ``conflict``
+    with the index in ``puts`` then ``deletes``, as :func:`write` does).
+    """
+
+    def __call__(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete], /) -> Flow[WriteResult]: ...
+
+
+#: Records of a thread that :meth:`CheckpointLayout.copy_flow` never copies (its lease: the copy is a new thread).
+_NOT_COPIED = frozenset({"lease"})
+
+
 @dataclass(frozen=True)
 class CheckpointLayout:
     """The saver's record layout and its flows: what :class:`~checkpointers.savers.Checkpointer` holds.
@@ -764,6 +780,13 @@ class CheckpointLayout:
     max_item_bytes: int
     integrity: Integrity
     parents: ParentChannels = field(default_factory=ParentChannels)
+    writer: BatchWriter | None = None
+
+    def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
+        """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`."""
+        if self.writer is None:
+            return (yield from write(p, tuple(puts), tuple(deletes)))
+        return (yield from self.writer(p, puts, deletes))
 
     # -- encoding ---------------------------------------------------------
 
@@ -864,7 +887,8 @@ class CheckpointLayout:
             for sha, data in plan.new_blobs.items()
         ]
         labels = [f"blob {_blob_name(sha)} of {subject}" for sha in plan.new_blobs] + [subject]
-        yield from write_flow(p, [*blob_puts, record], (), labels)
+        puts = [*blob_puts, record]
+        raise_conflict((yield from self.write_batch(p, puts)), puts, (), labels)
         self.parents.written(p, ns, cid, Channels(versions, plan.blobs, plan.inline))
 
     def _parent_record_flow(self, p: Partition, ns: str, parent: str | None) -> Flow[Channels]:
@@ -911,7 +935,7 @@ class CheckpointLayout:
             puts = [*regular_puts, *special_puts]
             if not puts:
                 return
-            result = yield from write(p, tuple(puts), ())
+            result = yield from self.write_batch(p, puts)
             conflict = result.conflict
             if conflict is None:
                 return
@@ -1303,7 +1327,7 @@ class CheckpointLayout:
 
     def copy_flow(self, src: Partition, dst: Partition) -> Flow[int]:
         """Copy every record of ``src`` into ``dst`` in one batch (blobs first)."""
-        recs = yield from listing(src, ListQuery())
+        recs = [r for r in (yield from listing(src, ListQuery())) if r.name not in _NOT_COPIED]
 
         def rank(name: str) -> int:  # blobs, then writes, then the checkpoints that show them
             return 0 if name.startswith(_BLOB) else 1 if _is_writes(name) else 2
@@ -1324,7 +1348,7 @@ class CheckpointLayout:
         ]
         if puts:
             labels = [f"record {r.name!r} copied to thread {dst.name!r}" for r in recs]
-            yield from write_flow(dst, puts, (), labels)
+            raise_conflict((yield from self.write_batch(dst, puts)), puts, (), labels)
             self.parents.forget(dst)
         return len(puts)
 
@@ -1392,7 +1416,7 @@ class CheckpointLayout:
             if rec.name[len(_BLOB) :] not in referenced:
                 deletes.append(Delete(rec.name))
         if deletes:
-            yield from write(p, (), tuple(deletes))
+            raise_conflict((yield from self.write_batch(p, (), deletes)), (), deletes, None)
         self.parents.forget(p)
 
 

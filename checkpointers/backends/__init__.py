@@ -12,6 +12,10 @@
 ``postgresql://host:5432/db``   PostgreSQL (``postgres://`` too; ``?schema=``
                                 names the schema holding the tables)
 ==============================  =============================================
+
+Every URL also takes ``?ttl=SECONDS`` and ``?refresh_on_read=true`` (see
+:class:`~checkpointers.backends.base.Retention`): retention belongs to the
+backend, and a Store or checkpointer gets it through the backend it opens.
 """
 
 from __future__ import annotations
@@ -19,18 +23,31 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .base import Backend, Conflict, Delete, ListQuery, Mode, Put, Record, WriteResult
+from .base import (
+    Backend,
+    Conflict,
+    Delete,
+    ExpiredPartition,
+    ListQuery,
+    Mode,
+    Put,
+    Record,
+    Retention,
+    WriteResult,
+)
 from .memory import MemoryBackend
 
 __all__ = [
     "Backend",
     "Conflict",
     "Delete",
+    "ExpiredPartition",
     "ListQuery",
     "MemoryBackend",
     "Mode",
     "Put",
     "Record",
+    "Retention",
     "WriteResult",
     "open_backend",
 ]
@@ -43,7 +60,7 @@ def open_backend(url: str, **options: Any) -> Backend:
     """
     scheme = urlsplit(url).scheme
     if scheme == "memory":
-        return MemoryBackend()
+        return MemoryBackend(**{**retention_options(query_options(url)), **options})
     if scheme == "sqlite":
         from .sqlite import SqliteBackend
 
@@ -86,3 +103,24 @@ def url_flag(name: str, value: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ValueError(f"URL option {name}={value!r}: expected true or false")
+
+
+def retention_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``ttl`` (seconds) and ``refresh_on_read`` of a URL's options, converted; the rest dropped.
+
+    ``?ttl=`` must be a number (``?ttl=3600``, ``?ttl=0.5``); an empty or
+    non-numeric value is refused naming ``ttl``.
+    """
+    from ..errors import InvalidArgumentError
+
+    out: dict[str, Any] = {}
+    if "ttl" in options:
+        raw = options["ttl"]
+        try:
+            out["ttl"] = float(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            raise InvalidArgumentError("ttl", f"URL option ttl={raw!r}: expected a number of seconds") from None
+    if "refresh_on_read" in options:
+        raw = options["refresh_on_read"]
+        out["refresh_on_read"] = url_flag("refresh_on_read", raw) if isinstance(raw, str) else raw
+    return out

@@ -39,6 +39,28 @@ Guarantees a backend must give (the conformance suite checks them):
 * **Isolation**: a partition's records are only reachable through its
   :attr:`~checkpointers._names.Partition.key`; ``partitions`` only returns
   partitions whose ``user_key`` matches exactly.
+
+Retention (:class:`Retention`, ``backend.retention``) has one meaning on
+every backend. Each constructor takes ``ttl=None, refresh_on_read=False,
+clock=None`` (URL: ``?ttl=SECONDS&refresh_on_read=true``):
+
+* a partition expires ``ttl`` seconds after its last write (with
+  ``refresh_on_read``, a read also pushes the expiry back, but only once less
+  than half the ttl remains, so reads do not write every time);
+* reads (``get``, ``list``, ``partitions``, ``many``) never return anything
+  of an expired partition, even before it is collected; the check uses the
+  expiry stored with the partition, so a backend opened without a ttl still
+  hides what another one wrote with a ttl;
+* a write to an expired, uncollected partition first removes what it held,
+  in the same atomic step: old data never comes back; a write without a ttl
+  stores "no expiry";
+* :meth:`Backend.sweep` removes up to ``limit`` expired partitions across
+  users, each atomically, re-checking the expiry inside the deleting
+  transaction or script, so a partition a concurrent write just refreshed
+  is never removed; writes run a small sweep at a bounded rate
+  (:class:`SweepPacer`);
+* :meth:`Backend.users` and :meth:`Backend.expired` are tooling (the
+  ``checkpointers`` command's ``stats``/``gc``): they may scan.
 """
 
 from __future__ import annotations
@@ -47,15 +69,19 @@ import asyncio
 import bisect
 import builtins
 import enum
+import logging
+import math
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, TypeVar
 
-from .._names import Partition
+from .._names import Partition, decode_component
+from ..errors import InvalidArgumentError
 
 T = TypeVar("T")
 
@@ -63,11 +89,14 @@ __all__ = [
     "Backend",
     "Conflict",
     "Delete",
+    "ExpiredPartition",
     "ListQuery",
     "Mode",
     "Offload",
     "Put",
     "Record",
+    "Retention",
+    "SweepPacer",
     "WriteResult",
     "content_digest",
 ]
@@ -317,6 +346,163 @@ def evaluate(
     return None, noops
 
 
+# -- retention -------------------------------------------------------------------------
+
+_log = logging.getLogger("checkpointers.retention")
+
+#: At most this many partitions per sweep a write triggers (``SweepPacer``).
+AUTO_SWEEP_LIMIT = 64
+#: Writes trigger at most one sweep per ``min(ttl / 10, AUTO_SWEEP_MAX_INTERVAL)`` seconds.
+AUTO_SWEEP_MAX_INTERVAL = 60.0
+
+
+def check_ttl(ttl: object) -> float | None:
+    """``ttl`` as seconds (``None``: no expiry); anything else than a positive finite number is refused."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise InvalidArgumentError("ttl", f"must be a number of seconds or None, got {ttl!r}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise InvalidArgumentError("ttl", f"must be a positive, finite number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a partition lives: ``ttl`` seconds after its last write.
+
+    ``ttl=None`` keeps partitions forever. ``refresh_on_read`` lets reads
+    extend the life too, but only when less than half the ttl remains
+    (:meth:`refresh_due`), so a hot partition is rewritten at most about once
+    per half-ttl. ``clock`` returns seconds since the epoch (``time.time``);
+    tests inject their own. Expiries are stored as absolute times from this
+    clock (SQLite/PostgreSQL ``expires_at``, Redis ``PEXPIREAT``-equivalent
+    ``PEXPIRE``), so every process writing one store needs clocks that agree
+    to well under the ttl.
+
+    >>> r = Retention(ttl=10, clock=lambda: 100.0)
+    >>> r.deadline(), r.expired(105.0), r.expired(100.0), r.refresh_due(104.0)
+    (110.0, False, True, False)
+    """
+
+    ttl: float | None = None
+    refresh_on_read: bool = False
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ttl", check_ttl(self.ttl))
+        if not isinstance(self.refresh_on_read, bool):
+            raise InvalidArgumentError("refresh_on_read", f"must be True or False, got {self.refresh_on_read!r}")
+        if self.clock is None:
+            object.__setattr__(self, "clock", time.time)
+
+    @classmethod
+    def of(
+        cls, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> Retention:
+        """The retention a backend constructor's ``ttl``/``refresh_on_read``/``clock`` arguments describe."""
+        return cls(check_ttl(ttl), refresh_on_read, clock or time.time)
+
+    def now(self) -> float:
+        """The clock's current time (seconds since the epoch)."""
+        return float(self.clock())
+
+    def deadline(self, now: float | None = None) -> float | None:
+        """The expiry a write made ``now`` stores (``None``: never expires)."""
+        if self.ttl is None:
+            return None
+        return (self.now() if now is None else now) + self.ttl
+
+    def expired(self, expires_at: float | None, now: float | None = None) -> bool:
+        """Whether a partition with this stored expiry is gone (``None``: never)."""
+        return expires_at is not None and expires_at <= (self.now() if now is None else now)
+
+    def refresh_due(self, expires_at: float | None, now: float | None = None) -> bool:
+        """Whether a read should push the expiry back: ``refresh_on_read`` and under half the ttl left."""
+        if not self.refresh_on_read or self.ttl is None or expires_at is None:
+            return False
+        now = self.now() if now is None else now
+        return now < expires_at < now + self.ttl / 2
+
+    def pacer(self) -> SweepPacer:
+        """A fresh :class:`SweepPacer` for one backend instance."""
+        return SweepPacer(self)
+
+
+class SweepPacer:
+    """Decides when a write also runs a small sweep: bounded work at a bounded rate.
+
+    With a ttl, :meth:`due` is true at most once per
+    ``min(ttl / 10, 60 s)`` per backend instance (the first time on the first
+    write); the write then sweeps at most :data:`AUTO_SWEEP_LIMIT` (64)
+    partitions. The cost is one indexed query (SQLite/PostgreSQL) or one
+    sorted-set range (Redis) per interval, plus the deletion of what expired.
+    Without a ttl it is never due (``gc`` collects then).
+    """
+
+    def __init__(self, retention: Retention) -> None:
+        self.retention = retention
+        ttl = retention.ttl
+        self.interval = None if ttl is None else min(ttl / 10, AUTO_SWEEP_MAX_INTERVAL)
+        self._next = -math.inf
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        """True (and the next slot is taken) when a write should sweep now."""
+        if self.interval is None:
+            return False
+        now = self.retention.now()
+        with self._lock:
+            if now < self._next:
+                return False
+            self._next = now + self.interval
+            return True
+
+
+@dataclass(frozen=True)
+class ExpiredPartition:
+    """One expired, not yet collected partition, as :meth:`Backend.expired` lists it.
+
+    ``user``/``space`` are decoded from ``user_key`` (``None`` for a component
+    stored hashed because it was too long); ``name`` is the raw partition name.
+    """
+
+    key: str
+    user_key: str
+    name: str
+    expires_at: float
+
+    @property
+    def user(self) -> str | None:
+        """The user id, or ``None`` when stored hashed."""
+        return split_user_key(self.user_key)[0]
+
+    @property
+    def space(self) -> str | None:
+        """The space (``"items"``, ``"langgraph"``...)."""
+        return split_user_key(self.user_key)[1]
+
+
+def split_user_key(user_key: str) -> tuple[str | None, str | None]:
+    """``(user, space)`` of a :attr:`Partition.user_key` (``None`` for a hashed component)."""
+    user, _, rest = user_key.partition("/")
+    return decode_component(user), decode_component(rest.rstrip("/"))
+
+
+def users_of(user_keys: Iterable[str], space: str | None) -> builtins.list[str]:
+    """The sorted, distinct users of these user keys, in ``space`` (``None``: any).
+
+    Users stored hashed (ids whose encoding passes 160 characters) cannot be
+    named and are left out.
+    """
+    found: set[str] = set()
+    for key in user_keys:
+        user, sp = split_user_key(key)
+        if user is not None and (space is None or sp == space):
+            found.add(user)
+    return sorted(found)
+
+
 class Backend(ABC):
     """Base class of every backend; see the module docstring for the rules.
 
@@ -328,6 +514,17 @@ class Backend(ABC):
 
     #: Short name used in URLs, reports and test ids ("sqlite", "redis", ...).
     kind: str = "backend"
+    #: How long partitions live (see :class:`Retention`); set by the constructor.
+    retention: Retention = Retention()
+    #: When writes sweep (see :class:`SweepPacer`); set with ``retention``.
+    _pacer: SweepPacer = SweepPacer(Retention())
+
+    def _set_retention(
+        self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        """Store the constructor's retention arguments (call from ``__init__``)."""
+        self.retention = Retention.of(ttl, refresh_on_read, clock)
+        self._pacer = self.retention.pacer()
 
     @abstractmethod
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
@@ -372,6 +569,64 @@ class Backend(ABC):
     @abstractmethod
     async def adrop(self, partition: Partition) -> int:
         """Async :meth:`drop`."""
+
+    # -- retention (tooling and collection; see the module docstring) ------------
+
+    def sweep(self, limit: int = 1000) -> int:
+        """Remove up to ``limit`` expired partitions across users; return how many.
+
+        Each removal is atomic and re-checks the expiry inside it, so a
+        partition a concurrent write has just refreshed stays. Collects by
+        the stored expiries, whatever this instance's ``ttl``.
+        """
+        raise NotImplementedError(f"{self.kind} backend: sweep is not implemented")
+
+    async def asweep(self, limit: int = 1000) -> int:
+        """Async :meth:`sweep`."""
+        raise NotImplementedError(f"{self.kind} backend: asweep is not implemented")
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        """Up to ``limit`` expired, uncollected partitions across users, soonest expiry first (``gc --dry-run``)."""
+        raise NotImplementedError(f"{self.kind} backend: expired is not implemented")
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        """Async :meth:`expired`."""
+        raise NotImplementedError(f"{self.kind} backend: aexpired is not implemented")
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        """The users holding live partitions (in ``space``, or any), sorted; tooling, may scan."""
+        raise NotImplementedError(f"{self.kind} backend: users is not implemented")
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        """Async :meth:`users`."""
+        raise NotImplementedError(f"{self.kind} backend: ausers is not implemented")
+
+    def expiry(self, partition: Partition) -> float | None:
+        """The stored expiry of ``partition`` (``None``: none, or absent); for ``threads``."""
+        return None
+
+    async def aexpiry(self, partition: Partition) -> float | None:
+        """Async :meth:`expiry`."""
+        return self.expiry(partition)
+
+    def _auto_sweep(self) -> None:
+        """After a write: a sweep of at most 64 partitions when the pacer says so.
+
+        The write has already committed: a failing sweep is logged, not raised.
+        """
+        if self._pacer.due():
+            try:
+                self.sweep(AUTO_SWEEP_LIMIT)
+            except Exception:  # noqa: BLE001 - the caller's write succeeded; the next slot retries
+                _log.warning("%s: background sweep failed", self.kind, exc_info=True)
+
+    async def _aauto_sweep(self) -> None:
+        """Async :meth:`_auto_sweep`."""
+        if self._pacer.due():
+            try:
+                await self.asweep(AUTO_SWEEP_LIMIT)
+            except Exception:  # noqa: BLE001 - the caller's write succeeded; the next slot retries
+                _log.warning("%s: background sweep failed", self.kind, exc_info=True)
 
     def many(self, ops: Sequence[Any]) -> builtins.list[Any]:
         """Run independent operations (the flow ops of :mod:`checkpointers._flows`).

@@ -6,7 +6,7 @@ import bisect
 import builtins
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .._names import Partition
 from .base import (
@@ -89,7 +89,10 @@ class MemoryBackend(Backend):
 
     kind = "memory"
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, ttl: float | None = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        self._set_retention(ttl, refresh_on_read, clock)
         self._data: dict[str, _Part] = {}
         self._users: dict[str, set[str]] = {}  # user_key -> partition keys
         self._seq = itertools.count(1)

@@ -1073,7 +1073,6 @@ CAUGHT_BY_THE_MACHINE = [
     pytest.param(_RecoveryAbortsALoggedBatch, id="recovery-aborts-a-logged-batch", marks=_DEEP),
     pytest.param(_ReadNotRepeatedAfterRollForward, id="read-not-repeated-after-roll-forward", marks=_DEEP),
     pytest.param(_ReadWithoutSecondCollect, id="read-without-second-collect", marks=_DEEP),
-    pytest.param(_SweepDropsLiveTombstones, id="sweep-drops-live-tombstones", marks=_DEEP),
 ]
 
 
@@ -1081,9 +1080,11 @@ CAUGHT_BY_THE_MACHINE = [
 def test_the_machine_catches_a_broken_protocol(broken: type[Batches]) -> None:
     """The stateful test, run on a broken variant of the protocol, fails (with the loaded profile's examples).
 
-    Derandomized (in both profiles, so the examples tried are the same on every run), hypothesis found
-    them at example 4, 91, 285, 227, 387 and 1163 (in this order); only the first is within the ci
-    profile's 40, the others run with ``--deep`` (2000). No shrinking: a failure is reported as found.
+    Derandomized (in both profiles, so the examples tried are the same on every run). Only the first is
+    found within the ci profile's 40 examples (at the 4th); the others take hundreds (91 to 387 in a run
+    with 300 or 2000 allowed) and run with ``--deep``. No shrinking: a failure is reported as found.
+    Recovery's sweep dropping a live batch's tombstones is not found within 2000 here (it was, at the
+    1163rd, in a run outside pytest): its targeted test is below.
     """
     machine = type(f"Broken{broken.__name__}", (BatchMachine,), {"protocol": broken, "examples": 0})
     budget = settings(

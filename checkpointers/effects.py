@@ -107,6 +107,7 @@ from .leases import Clock, Lease, LeaseSite, guarded_write_flow
 from .store import decode_value, encode_value
 
 if TYPE_CHECKING:
+    from .savers import Checkpointer
     from .store import Store
 
 __all__ = [
@@ -119,11 +120,13 @@ __all__ = [
     "Intent",
     "Journal",
     "NotApplied",
+    "Reconcile",
     "UnknownOutcomeError",
     "check_record",
     "effect",
     "idempotency_key",
     "record_name",
+    "saver_effect",
     "task_effect_key",
 ]
 
@@ -333,7 +336,10 @@ class Journal:
     on the partition's lease record with ``clock`` (which also dates the
     intents and outcomes) and ``unleased``
     (``"refuse"``: a write without a lease to a partition another owner
-    holds raises ``LeaseHeldError``; ``"allow"``: no lease read).
+    holds raises ``LeaseHeldError``; ``"allow"``: no lease read). ``site``:
+    the lease record that fences the effects (default: the partition's
+    :data:`~checkpointers.leases.LEASE_NAME`; a face keeping several leases in
+    one partition passes its own, see :func:`~checkpointers.leases.listed_site`).
     """
 
     def __init__(
@@ -347,13 +353,14 @@ class Journal:
         writer: Writer | None = None,
         clock: Clock = time.time,
         unleased: Literal["refuse", "allow"] = "refuse",
+        site: LeaseSite | None = None,
     ) -> None:
         self.backend = backend
         self.integrity = integrity
         self.partition = partition
         self.max_item_bytes = max_item_bytes
         self.label = label or f"{partition.space} partition {partition.name!r}"
-        self.site = LeaseSite(integrity, partition, self.label)
+        self.site = site or LeaseSite(integrity, partition, self.label)
         self.clock = clock
         refuse = unleased == "refuse"
         self._writer: Writer = writer or (
@@ -671,3 +678,46 @@ def task_effect_key(config: Mapping[str, Any] | None, name: str) -> tuple[Any, t
     if thread is None:
         raise InvalidArgumentError("config", "has no configurable.thread_id: effects belong to a thread")
     return thread, (str(conf.get("checkpoint_ns", "")), task_id, name)
+
+
+def saver_effect(
+    saver: Checkpointer,
+    config: Mapping[str, Any] | None,
+    name: str,
+    *,
+    reconcile: Reconcile | None = None,
+    retry_safe: bool = False,
+    owner: str | None = None,
+) -> EffectBlock:
+    """The effect ``name`` of the LangGraph task running with ``config`` (what ``saver.effect`` delegates to).
+
+    Inside a node or a tool, with the config LangGraph hands it (``None``:
+    ``langgraph.config.get_config()``, the running task's)::
+
+        def notify(state, config):
+            with saver.effect(config, "send-email", reconcile=mail.find) as fx:
+                if not fx.done:
+                    fx.record(mail.send(state["to"], idempotency_key=fx.key))
+            return {"message_id": fx.outcome}
+
+    The record lives in the thread's partition (the config's user), keyed by
+    the checkpoint namespace, the task id and ``name``
+    (:func:`task_effect_key`): a task re-run after a crash finds its own
+    journal, another task (another step, node or namespace) never does. Its
+    writes go through the saver's fenced write (the lease the saver holds for
+    the thread, else its unleased policy). ``async with`` works the same.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError("effect name", name, "must be a non-empty string")
+    if config is None:
+        from langgraph.config import get_config
+
+        config = get_config()
+    thread, parts = task_effect_key(config, name)
+    partition = saver._partition(config, thread)  # type: ignore[arg-type]
+    write: Callable[..., Flow[WriteResult]] = getattr(saver, "fenced_write_flow", None) or saver.layout.write_batch
+    journal = Journal(
+        saver.backend, saver.integrity, partition, max_item_bytes=saver.max_item_bytes,
+        label=f"thread {thread!r}", writer=lambda puts, lease: write(partition, list(puts), []),
+    )  # fmt: skip
+    return journal.effect(parts, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

@@ -190,19 +190,13 @@ def postgres_url() -> str:
         return ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class RedisSource:
     """Where ``redis`` runs: REDIS_URL, a local server that answers, or one we start."""
 
     def __init__(self, db: int, wanted: bool = True) -> None:
         self.db = db
         self.wanted = wanted
-        self.process: subprocess.Popen[bytes] | None = None
+        self.server: Any = None  # a benchmarks.launchers.RedisServer when we start one
         self.directory: str | None = None
         self.url = ""
         self.reason = ""
@@ -215,28 +209,16 @@ class RedisSource:
         elif _answers("127.0.0.1", 6379):
             self.url, self.reason = f"redis://127.0.0.1:6379/{self.db}", "the server on 127.0.0.1:6379"
         elif shutil.which("redis-server"):
-            port = _free_port()
+            from benchmarks.launchers import RedisServer, free_port
+
             self.directory = tempfile.mkdtemp(prefix="lgsuite-redis-")
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self.directory],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            deadline = time.monotonic() + 15
-            while not _answers("127.0.0.1", port):
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"redis-server on port {port} did not start")
-                time.sleep(0.05)
-            self.url, self.reason = f"redis://127.0.0.1:{port}/0", f"a throwaway redis-server on port {port}"
+            self.server = RedisServer(Path(self.directory), free_port()).start()
+            self.url, self.reason = self.server.url, f"a throwaway redis-server on port {self.server.port}"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.server is not None:
+            self.server.stop()
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 

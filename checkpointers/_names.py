@@ -143,6 +143,20 @@ class Partition:
         """``<user>/<space>/<name>``: unique per partition, never a prefix of another."""
         return self.user_key + encode_component(self.name)
 
+    @functools.cached_property
+    def fields(self) -> bytes:
+        """User, space and name, each as a 4-byte big-endian length then its UTF-8: injective.
+
+        What a seal binds a record's place to (:mod:`checkpointers._integrity`);
+        kept here so each partition encodes it once.
+        """
+        return b"".join(_length_prefixed(v) for v in (self.user, self.space, self.name))
+
+
+def _length_prefixed(value: str) -> bytes:
+    raw = value.encode("utf-8", "surrogatepass")
+    return len(raw).to_bytes(4, "big") + raw
+
 
 def validate_user(user: object) -> str:
     """Check a user id: any string up to 1,024 characters (``""`` is anonymous)."""

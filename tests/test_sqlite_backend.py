@@ -1062,6 +1062,7 @@ def test_prefix_is_literal_with_percent_and_underscore(sqlite_backend: SqliteBac
 def _plan(path: Path, query: ListQuery) -> str:
     sql, params = _list_sql(P.key, query)
     with sqlite3.connect(path) as conn:
+        conn.create_function("cp_now", 0, time.time)  # what SqliteBackend registers: its clock
         return " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
 
 

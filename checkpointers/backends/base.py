@@ -519,12 +519,22 @@ class Backend(ABC):
     #: When writes sweep (see :class:`SweepPacer`); set with ``retention``.
     _pacer: SweepPacer = SweepPacer(Retention())
 
+    def set_retention(
+        self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        """Set this backend's retention (constructors call it; tests inject a clock on an open backend).
+
+        A backend that caches retention elsewhere (SQLite's connections)
+        overrides it and calls this one.
+        """
+        self.retention = Retention.of(ttl, refresh_on_read, clock)
+        self._pacer = self.retention.pacer()
+
     def _set_retention(
         self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
     ) -> None:
-        """Store the constructor's retention arguments (call from ``__init__``)."""
-        self.retention = Retention.of(ttl, refresh_on_read, clock)
-        self._pacer = self.retention.pacer()
+        """The constructor's retention arguments (call from ``__init__``): :meth:`set_retention`."""
+        self.set_retention(ttl, refresh_on_read, clock)
 
     @abstractmethod
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:

@@ -12,6 +12,7 @@ from .._names import Partition
 from .base import (
     Backend,
     Delete,
+    ExpiredPartition,
     ListQuery,
     Put,
     Record,
@@ -19,6 +20,7 @@ from .base import (
     check_batch,
     children_range,
     evaluate,
+    users_of,
 )
 
 __all__ = ["MemoryBackend"]
@@ -95,12 +97,27 @@ class MemoryBackend(Backend):
         self._set_retention(ttl, refresh_on_read, clock)
         self._data: dict[str, _Part] = {}
         self._users: dict[str, set[str]] = {}  # user_key -> partition keys
+        self._expiry: dict[str, float] = {}  # partition key -> expires_at (absent: never)
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 
+    def _live(self, partition: Partition, now: float) -> _Part | None:
+        """The partition if present and not expired (a read; refreshed when due). Under the lock."""
+        key = partition.key
+        part = self._data.get(key)
+        if part is None:
+            return None
+        expires_at = self._expiry.get(key)
+        if self.retention.expired(expires_at, now):
+            return None
+        if self.retention.refresh_due(expires_at, now):
+            self._expiry[key] = now + self.retention.ttl  # type: ignore[operator]
+        return part
+
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
+        now = self.retention.now()
         with self._lock:
-            part = self._data.get(partition.key)
+            part = self._live(partition, now)
             return [part.records.get(n) if part else None for n in names]
 
     def write(
@@ -109,7 +126,10 @@ class MemoryBackend(Backend):
         if len(puts) + len(deletes) > 1:  # one operation cannot name a record twice
             check_batch(puts, deletes)
         key = partition.key
+        now = self.retention.now()
         with self._lock:
+            if self.retention.expired(self._expiry.get(key), now):
+                self._forget(partition)  # old data never comes back
             part = self._data.get(key)
             conflict, noops = evaluate(puts, deletes, part.records if part else {})
             if conflict is not None:
@@ -127,16 +147,28 @@ class MemoryBackend(Backend):
                 out.append(rec)
             for d in deletes:
                 part.delete(d.name)
-            if not part.records:
-                self._forget(partition)
-            return WriteResult(records=out)
+            self._stamp(partition, part, now)
+        self._auto_sweep()
+        return WriteResult(records=out)
+
+    def _stamp(self, partition: Partition, part: _Part, now: float) -> None:
+        """After a write: the partition's new expiry, or its removal when empty. Under the lock."""
+        if not part.records:
+            self._forget(partition)
+            return
+        deadline = self.retention.deadline(now)
+        if deadline is None:
+            self._expiry.pop(partition.key, None)
+        else:
+            self._expiry[partition.key] = deadline
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         found: list[Record] = []
         if query.limit == 0:
             return found
+        now = self.retention.now()
         with self._lock:
-            part = self._data.get(partition.key)
+            part = self._live(partition, now)
             if part is None:
                 return found
             count = 0
@@ -153,19 +185,66 @@ class MemoryBackend(Backend):
 
     def partitions(self, user: str, space: str) -> builtins.list[str]:
         probe = Partition(user, space, "")
+        now = self.retention.now()
         with self._lock:
             keys = self._users.get(probe.user_key, ())
-            return sorted(self._data[k].raw for k in keys)
+            return sorted(self._data[k].raw for k in keys if not self.retention.expired(self._expiry.get(k), now))
 
     def drop(self, partition: Partition) -> int:
+        now = self.retention.now()
         with self._lock:
-            part = self._data.get(partition.key)
+            part = self._live(partition, now)
             self._forget(partition)
             return len(part.records) if part else 0
 
     def _forget(self, partition: Partition) -> None:
         self._data.pop(partition.key, None)
+        self._expiry.pop(partition.key, None)
         self._users.get(partition.user_key, set()).discard(partition.key)
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        now = self.retention.now()
+        with self._lock:
+            due = sorted((at, key) for key, at in self._expiry.items() if at <= now)[:limit]
+            return [self._described(key, at) for at, key in due]
+
+    def _described(self, key: str, expires_at: float) -> ExpiredPartition:
+        user_key = key[: key.rindex("/", 0, len(key)) + 1]
+        return ExpiredPartition(key, user_key, self._data[key].raw, expires_at)
+
+    def sweep(self, limit: int = 1000) -> int:
+        now = self.retention.now()
+        with self._lock:  # the check and the removal in one step
+            due = sorted((at, key) for key, at in self._expiry.items() if at <= now)[:limit]
+            for _, key in due:
+                user_key = key[: key.rindex("/") + 1]
+                self._data.pop(key, None)
+                self._expiry.pop(key, None)
+                self._users.get(user_key, set()).discard(key)
+            return len(due)
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        now = self.retention.now()
+        with self._lock:
+            held = [
+                uk
+                for uk, keys in self._users.items()
+                if any(not self.retention.expired(self._expiry.get(k), now) for k in keys)
+            ]
+        return users_of(held, space)
+
+    async def asweep(self, limit: int = 1000) -> int:
+        return self.sweep(limit)
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return self.expired(limit)
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        return self.users(space)
+
+    def expiry(self, partition: Partition) -> float | None:
+        with self._lock:
+            return self._expiry.get(partition.key)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return self.get(partition, names)

@@ -152,20 +152,23 @@ from urllib.parse import unquote, urlsplit
 
 from .._names import Partition, encode_component
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
-from . import query_options
+from . import query_options, retention_options
 from .base import (
     Backend,
     Conflict,
     Delete,
+    ExpiredPartition,
     ListQuery,
     Mode,
     Offload,
     Put,
     Record,
+    Retention,
     WriteResult,
     check_batch,
     evaluate,
     tags_json,
+    users_of,
 )
 from .ops import GetOp, ListOp
 
@@ -233,6 +236,12 @@ MIGRATIONS: list[str] = [
     """
     SELECT 1
     """,
+    # v4: retention. A partition's expiry (seconds since the epoch, NULL: never),
+    # set by every write of a backend with a ttl; an index for the sweep.
+    """
+    ALTER TABLE partitions ADD COLUMN expires_at REAL;
+    CREATE INDEX partitions_expiry ON partitions (expires_at) WHERE expires_at IS NOT NULL
+    """,
 ]
 
 #: The schema version this module writes.
@@ -242,6 +251,12 @@ _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 _CHUNK = 400  # names per IN (...) list; old SQLite builds allow 999 variables
 _COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
 _META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, x'' AS value"
+#: The term every read statement carries: the partition (parameter 1) has not
+#: expired. Not correlated, so SQLite evaluates it once per statement; ``cp_now()``
+#: is the backend's clock, registered on each connection. ``?1`` reuses the
+#: first parameter; later plain ``?`` keep counting from the highest so far.
+_LIVE = "NOT EXISTS (SELECT 1 FROM partitions AS e WHERE e.pkey = ?{n} AND e.expires_at <= cp_now())"
+_LIVE1 = _LIVE.format(n=1)
 
 # -- error translation -------------------------------------------------------
 
@@ -610,7 +625,7 @@ def _fetch(
 def _fetch_sql(count: int, values: bool) -> str:
     """The statement of :func:`_fetch` for ``count`` names (built once per count: one prepared statement)."""
     cols = _COLUMNS if values else _META_COLUMNS
-    return f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({','.join('?' * count)})"
+    return f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({','.join('?' * count)}) AND {_LIVE1}"
 
 
 def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Record | None]:
@@ -632,17 +647,20 @@ def _prelude_sql(count: int) -> str:
         f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks}) "
         "UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ?), 0), "
         "(SELECT seq FROM seq_counter WHERE id = 0)), "
-        "EXISTS (SELECT 1 FROM partitions WHERE pkey = ?), NULL, NULL, NULL"
+        "(SELECT CASE WHEN expires_at IS NULL THEN 1 WHEN expires_at <= cp_now() THEN 3 ELSE 2 END "
+        "FROM partitions WHERE pkey = ?), NULL, NULL, NULL"
     )
 
 
 def _prelude(
     conn: sqlite3.Connection, pkey: str, names: Sequence[str]
-) -> tuple[dict[str, Record], int, bool]:
+) -> tuple[dict[str, Record], int, int | None]:
     """What a write needs to know, read in one statement (for up to ``_CHUNK`` names).
 
     Returns the stored records among ``names`` (values ``b""``), the seq to
-    count up from, and whether the partition has its ``partitions`` row.
+    count up from, and the partition's state: ``None`` without a
+    ``partitions`` row, else :data:`_NO_EXPIRY`, :data:`_LIVE_EXPIRY` or
+    :data:`_EXPIRED`.
     Every seq the partition ever handed out is at most its highest present
     seq (the ``records_seq`` index's last entry) or, for deleted records, at
     most ``seq_counter``, which deletes raise to the highest seq they remove;
@@ -652,14 +670,18 @@ def _prelude(
     found: dict[str, Record] = {}
     for row in conn.execute(_prelude_sql(len(first)), (pkey, *first, pkey, pkey)).fetchall():
         if row[0] is None:  # the summary row (no record has a NULL name)
-            base, has_partition = row[1], row[2]
+            base, state = row[1], row[2]
         else:
             found[row[0]] = _stored(row)
     if rest:
         found.update(_fetch(conn, pkey, rest, values=False, decode=_stored))
     if type(base) is not int or base > _MAX_SEQ:  # a damaged seq: MAX() of a column holding text is text
         base = _intact_base(conn, pkey)
-    return found, base, bool(has_partition)
+    return found, base, state
+
+
+#: Partition states :func:`_prelude` reads: a row without expiry, with a future one, expired.
+_NO_EXPIRY, _LIVE_EXPIRY, _EXPIRED = 1, 2, 3
 
 
 #: Seqs above this are damage, not counting (2**62 writes): never counted up from.
@@ -730,6 +752,7 @@ class _Connection(sqlite3.Connection):
         self.version: int | None = None
         self.bases: dict[str, int] = {}
         self.vacuums: bool | None = None  #: ``auto_vacuum`` is not ``NONE`` (None: not asked yet)
+        self.retention: list[Retention] = []  #: the owning backend's retention, boxed (see :func:`_ttl`)
 
     def known_base(self, pkey: str) -> int | None:
         """The remembered base of ``pkey`` if still current (call inside the write transaction)."""
@@ -872,7 +895,9 @@ def _write(
     memo = conn if isinstance(conn, _Connection) else None
     result: WriteResult | None = None
     after: int | None = None
-    if memo is not None and not deletes and all(p.mode in _NEW_NAME_MODES for p in puts):
+    # The fast path writes no partitions row, so it runs only for a backend without a ttl: its
+    # memo is then set by its own checked writes, which left the partition without expiry.
+    if memo is not None and _ttl(memo) is None and not deletes and all(p.mode in _NEW_NAME_MODES for p in puts):
         with _transaction(conn, immediate=True):
             result, after = _write_new(memo, partition, puts)
     reclaimed: tuple[int, bool] | None = None
@@ -880,7 +905,7 @@ def _write(
         with _transaction(conn, immediate=True):
             result, after, reclaimed = _write_checked(conn, partition, puts, deletes)
     if memo is not None and result.conflict is None:
-        memo.wrote(partition.key, after, bool(deletes))
+        memo.wrote(partition.key, after, bool(deletes) or reclaimed is not None)
     if reclaimed is not None:
         _after_deletes(conn, *reclaimed)
     return result
@@ -922,7 +947,12 @@ def _write_checked(
     """
     pkey = partition.key
     names = [p.name for p in puts] + [d.name for d in deletes]
-    existing, base, has_partition = _prelude(conn, pkey, names)
+    existing, base, state = _prelude(conn, pkey, names)
+    purged = None
+    if state == _EXPIRED:  # old data never comes back: gone in this transaction, first
+        purged = _purge(conn, pkey)[1]
+        existing, base, state = _prelude(conn, pkey, names)
+    has_partition = state is not None
     conflict, noops = evaluate(puts, deletes, existing)
     if conflict is not None:
         stored = None
@@ -938,10 +968,12 @@ def _write_checked(
         conn.executemany(_INSERT_OR_REPLACE, rows)
         if not has_partition:
             conn.execute(
-                "INSERT OR IGNORE INTO partitions (pkey, user_key, name) VALUES (?, ?, ?)",
-                (pkey, partition.user_key, _blob(partition.name)),
+                "INSERT OR IGNORE INTO partitions (pkey, user_key, name, expires_at) VALUES (?, ?, ?, cp_now() + ?)",
+                (pkey, partition.user_key, _blob(partition.name), _ttl(conn)),
             )
             has_partition = True
+        elif _ttl(conn) is not None or state == _LIVE_EXPIRY:  # a new expiry, or none any more
+            conn.execute("UPDATE partitions SET expires_at = cp_now() + ? WHERE pkey = ?", (_ttl(conn), pkey))
     # Only records that existed can have tag rows to replace (a delete
     # removes them), so new names (blobs, checkpoints) skip the DELETE.
     retagged = [puts[i].name for i in seqs if puts[i].name in existing] + [d.name for d in deletes]
@@ -962,8 +994,21 @@ def _write_checked(
             conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
             has_partition = False
         reclaimed = _reclaim(conn, free_before)
+    elif purged is not None:
+        reclaimed = purged
     after = base + len(rows) if has_partition else None
     return WriteResult(records=_applied(puts, seqs, kept)), after, reclaimed
+
+
+def _ttl(conn: sqlite3.Connection) -> float | None:
+    """The ttl of the backend that owns ``conn`` (``None``: its writes store no expiry)."""
+    box = getattr(conn, "retention", None)
+    return box[0].ttl if box else None
+
+
+def _box_now(box: Sequence[Retention]) -> float:
+    """``cp_now()`` in SQL: the clock of the backend's current retention."""
+    return box[0].now()
 
 
 #: The shape of a listing's range filters: whether it has a prefix, a prefix bound, a depth, a start, a stop.
@@ -1017,7 +1062,7 @@ def _shaped_sql(
         # the sort). A prefix matching few records among many costs a scan
         # of the partition's seq index, never a read of values.
         source = "records AS r INDEXED BY records_seq"
-    where = " AND ".join(["r.pkey = ?", *_range_sql("r", order, shape)])
+    where = " AND ".join(["r.pkey = ?", *_range_sql("r", order, shape), _LIVE1])
     tail = f" ORDER BY r.{order} {direction} LIMIT ?" if limited else ""
     if children:
         picks = f"SELECT r.name AS name, r.{order} AS pos FROM {source} WHERE {where}{tail}"
@@ -1063,7 +1108,7 @@ def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int,
     where += [
         "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name AND o.k = ? AND o.v = ?)"
     ] * (tags - 1)
-    where += [*_range_sql("t", order, shape), "r.pkey = t.pkey", "r.name = t.name"]
+    where += [*_range_sql("t", order, shape), "r.pkey = t.pkey", "r.name = t.name", _LIVE1]
     sql = (
         f"SELECT {cols.format(order=order)} FROM tags AS t INDEXED BY {index} CROSS JOIN records AS r "
         f"WHERE {' AND '.join(where)} ORDER BY t.{order} {direction}"
@@ -1148,7 +1193,7 @@ def _ranges_sql(count: int, values: bool) -> str:
     cols = _COLUMNS if values else _META_COLUMNS
     return (
         f"WITH q(i, lo, hi) AS (VALUES {marks}) SELECT q.i, {cols} FROM q CROSS JOIN records AS r "
-        "WHERE r.pkey = ? AND r.name >= q.lo AND r.name < q.hi"
+        f"WHERE r.pkey = ? AND r.name >= q.lo AND r.name < q.hi AND {_LIVE.format(n=3 * count + 1)}"
     )
 
 
@@ -1212,7 +1257,10 @@ def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
     listing never names a partition the caller cannot reach by that name.
     """
     user_key = Partition(user, space, "").user_key
-    rows = conn.execute("SELECT pkey, name FROM partitions WHERE user_key = ?", (user_key,))
+    rows = conn.execute(
+        "SELECT pkey, name FROM partitions WHERE user_key = ? AND (expires_at IS NULL OR expires_at > cp_now())",
+        (user_key,),
+    )
     names: list[str] = []
     for pkey, raw in rows:
         try:
@@ -1235,23 +1283,87 @@ def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
 
 def _drop(conn: sqlite3.Connection, pkey: str) -> int:
     with _transaction(conn, immediate=True):
-        (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pkey = ?", (pkey,)).fetchone()
-        if top is not None and (type(top) is not int or top > _MAX_SEQ):  # a damaged seq (see _intact_base)
-            (top,) = conn.execute(
-                "SELECT MAX(seq) FROM records WHERE pkey = ? AND typeof(seq) = 'integer' AND seq <= ?",
-                (pkey, _MAX_SEQ),
-            ).fetchone()
-        if top is not None:
-            _retire_seqs(conn, top)
-        free_before = _free_pages(conn)
-        count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
-        conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
-        conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
-        reclaimed = _reclaim(conn, free_before)
+        count, reclaimed = _purge(conn, pkey)
     if isinstance(conn, _Connection):
         conn.wrote(pkey, None, everywhere=True)  # the shared seq_counter may have risen
     _after_deletes(conn, *reclaimed)
     return count
+
+
+def _purge(conn: sqlite3.Connection, pkey: str) -> tuple[int, tuple[int, bool]]:
+    """Delete every row of partition ``pkey`` inside the caller's write transaction.
+
+    Returns how many records went and what :func:`_reclaim` said.
+    """
+    (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pkey = ?", (pkey,)).fetchone()
+    if top is not None and (type(top) is not int or top > _MAX_SEQ):  # a damaged seq (see _intact_base)
+        (top,) = conn.execute(
+            "SELECT MAX(seq) FROM records WHERE pkey = ? AND typeof(seq) = 'integer' AND seq <= ?",
+            (pkey, _MAX_SEQ),
+        ).fetchone()
+    if top is not None:
+        _retire_seqs(conn, top)
+    free_before = _free_pages(conn)
+    count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
+    conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
+    conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
+    return count, _reclaim(conn, free_before)
+
+
+# -- retention ---------------------------------------------------------------------
+
+_DUE = (
+    "SELECT pkey, user_key, name, expires_at FROM partitions "
+    "WHERE expires_at <= cp_now() ORDER BY expires_at LIMIT ?"
+)
+
+
+def _expired(conn: sqlite3.Connection, limit: int) -> list[ExpiredPartition]:
+    """Up to ``limit`` expired partitions, soonest expiry first (the ``partitions_expiry`` index)."""
+    return [
+        ExpiredPartition(str(pkey), str(user_key), _unblob(raw) if type(raw) is bytes else str(raw), float(at))
+        for pkey, user_key, raw, at in conn.execute(_DUE, (limit,)).fetchall()
+    ]
+
+
+def _sweep(conn: sqlite3.Connection, limit: int) -> int:
+    """Remove up to ``limit`` expired partitions, each in its own write transaction re-checking the expiry."""
+    keys = [row[0] for row in conn.execute(_DUE, (limit,)).fetchall()]
+    removed = 0
+    for pkey in keys:
+        with _transaction(conn, immediate=True):
+            still = conn.execute(
+                "SELECT 1 FROM partitions WHERE pkey = ? AND expires_at <= cp_now()", (pkey,)
+            ).fetchone()
+            reclaimed = _purge(conn, pkey)[1] if still else None
+        if reclaimed is not None:
+            removed += 1
+            _after_deletes(conn, *reclaimed)
+    if removed and isinstance(conn, _Connection):
+        conn.wrote("", None, everywhere=True)
+    return removed
+
+
+def _users(conn: sqlite3.Connection, space: str | None) -> list[str]:
+    rows = conn.execute(
+        "SELECT DISTINCT user_key FROM partitions WHERE expires_at IS NULL OR expires_at > cp_now()"
+    ).fetchall()
+    return users_of((str(r[0]) for r in rows), space)
+
+
+def _expiry(conn: sqlite3.Connection, pkey: str) -> float | None:
+    row = conn.execute("SELECT expires_at FROM partitions WHERE pkey = ?", (pkey,)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def _refresh(conn: sqlite3.Connection, pkey: str, ttl: float) -> None:
+    """Push a read partition's expiry back; the WHERE re-checks it is live and under half the ttl."""
+    with _transaction(conn, immediate=True):
+        conn.execute(
+            "UPDATE partitions SET expires_at = cp_now() + ? WHERE pkey = ? "
+            "AND expires_at > cp_now() AND expires_at < cp_now() + ? / 2",
+            (ttl, pkey, ttl),
+        )
 
 
 # -- the backend -----------------------------------------------------------------
@@ -1291,7 +1403,12 @@ class SqliteBackend(Backend):
         timeout: float = 30.0,
         synchronous: str = "NORMAL",
         max_idle_connections: int = 4,
+        ttl: float | None = None,
+        refresh_on_read: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self._retention_box: list[Retention] = [self.retention]  # what this backend's connections read
+        self._set_retention(ttl, refresh_on_read, clock)
         self.path = os.fspath(path)
         if self.path in ("", ":memory:"):
             raise ValueError(
@@ -1347,28 +1464,73 @@ class SqliteBackend(Backend):
                 f"between processes: use sqlite:///state.db or memory://"
             )
         merged: dict[str, Any] = dict(query_options(url))
-        unknown = set(merged) - {"timeout", "synchronous"}
+        unknown = set(merged) - {"timeout", "synchronous", "ttl", "refresh_on_read"}
         if unknown:
             raise ValueError(
-                f"unknown sqlite URL option(s) {sorted(unknown)}; supported: timeout, synchronous"
+                f"unknown sqlite URL option(s) {sorted(unknown)}; supported: timeout, synchronous, "
+                f"ttl, refresh_on_read"
             )
         if "timeout" in merged:
             merged["timeout"] = float(merged["timeout"])
+        merged.update(retention_options(merged))
         merged.update(options)
         return cls(Path(path), **merged)
 
     # -- the five operations, sync and async (the sync one on the worker): one line each --
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
-        return self._run(_get, partition.key, tuple(names))
+        found = self._run(_get, partition.key, tuple(names))
+        self._read(partition)
+        return found
 
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        return self._run_write(_write, partition, tuple(puts), tuple(deletes))
+        result = self._run_write(_write, partition, tuple(puts), tuple(deletes))
+        self._auto_sweep()
+        return result
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
-        return self._run(_list, partition.key, query)
+        found = self._run(_list, partition.key, query)
+        self._read(partition)
+        return found
+
+    def _read(self, partition: Partition) -> None:
+        """After a read, with ``refresh_on_read``: push the expiry back when under half the ttl is left."""
+        if self.retention.refresh_on_read and self.retention.refresh_due(self._run(_expiry, partition.key)):
+            self._run_write(_refresh, partition.key, self.retention.ttl)
+
+    # -- retention (see the module docstring of .base) -----------------------------
+
+    def set_retention(
+        self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        super().set_retention(ttl, refresh_on_read, clock)
+        self._retention_box[:] = [self.retention]  # the connections' cp_now() and ttl follow
+
+    def sweep(self, limit: int = 1000) -> int:
+        return self._run_write(_sweep, limit)
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return self._run(_expired, limit)
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        return self._run(_users, space)
+
+    def expiry(self, partition: Partition) -> float | None:
+        return self._run(_expiry, partition.key)
+
+    async def asweep(self, limit: int = 1000) -> int:
+        return await self._offload.run(self.sweep, limit)
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return await self._offload.run(self.expired, limit)
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        return await self._offload.run(self.users, space)
+
+    async def aexpiry(self, partition: Partition) -> float | None:
+        return await self._offload.run(self.expiry, partition)
 
     def partitions(self, user: str, space: str) -> builtins.list[str]:
         return self._run(_partitions, user, space)
@@ -1425,6 +1587,8 @@ class SqliteBackend(Backend):
             factory=_Connection,
         )
         try:
+            conn.create_function("cp_now", 0, functools.partial(_box_now, self._retention_box))
+            conn.retention = self._retention_box
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA journal_size_limit={_WAL_SIZE_LIMIT}")
             if not self._ready:

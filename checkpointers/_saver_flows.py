@@ -1068,16 +1068,19 @@ class CheckpointLayout:
 
     def get_flow(self, p: Partition, ns: str, cid: str | None) -> Flow[LoadedCheckpoint | None]:
         """The checkpoint ``cid``, or the latest of the namespace: a bounded number of calls."""
-        listed: dict[str, list[Record]] = {}
         if cid:
-            (rec,) = yield from get(p, [ckpt_name(ns, cid)])
+            # The record and its writes in one listing: the lowest name at depth 0
+            # under its own name is the record itself when it is stored (a longer
+            # id extending it sorts after it, and is not it).
+            name = ckpt_name(ns, cid)
+            q = ListQuery(prefix=name, depth=0, limit=1, children=True)
         else:
             q = ListQuery(prefix=ckpt_prefix(ns), depth=0, descending=True, limit=1, children=True)
-            recs = yield from listing(p, q)
-            rec = recs[0] if recs else None
-            listed = _children_by_pick(recs, q)
+        recs = yield from listing(p, q)
+        rec = recs[0] if recs and (not cid or recs[0].name == name) else None
         if rec is None:
             return None
+        listed = _children_by_pick(recs, q)
         loaded = yield from self._load_flow(p, [self._decode_checkpoint(p, rec)], listed)
         return loaded[0]
 

@@ -57,13 +57,16 @@ def _text(what: str, value: object) -> str:
 
 
 def run_journal(storage: IsolatedCheckpointStorage, run_id: str) -> Journal:
-    """The journal of workflow run ``run_id`` in ``storage`` (its user's partition, the run's lease)."""
+    """The journal of workflow run ``run_id`` in ``storage``: its effects (keys after the run id), its lease.
+
+    The records live in the user's one partition; ``list()`` lists this run's only.
+    """
     run = _text("run id", run_id)
     label = f"workflow run {run!r}"
     site = listed_site(storage.integrity, storage.partition, LEASE_PREFIX, run)
     return Journal(
         storage.backend, storage.integrity, storage.partition,
-        max_item_bytes=storage.max_item_bytes, label=label, site=site,
+        max_item_bytes=storage.max_item_bytes, label=label, site=site, within=(run,),
     )  # fmt: skip
 
 
@@ -84,6 +87,6 @@ def storage_effect(
     :meth:`checkpointers.effects.Journal.effect` for ``lease``, ``reconcile``,
     ``retry_safe`` and ``owner``.
     """
-    parts = (_text("run id", run_id), _text("executor id", executor_id), _text("effect name", name))
+    parts = (_text("executor id", executor_id), _text("effect name", name))
     journal = run_journal(storage, run_id)
     return journal.effect(parts, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

@@ -340,6 +340,9 @@ class Journal:
     the lease record that fences the effects (default: the partition's
     :data:`~checkpointers.leases.LEASE_NAME`; a face keeping several leases in
     one partition passes its own, see :func:`~checkpointers.leases.listed_site`).
+    ``within``: key parts every effect of this journal starts with (a face
+    sharing one partition between runs passes the run id): :meth:`effect`
+    prepends them, :meth:`list` lists only those effects.
     """
 
     def __init__(
@@ -354,8 +357,10 @@ class Journal:
         clock: Clock = time.time,
         unleased: Literal["refuse", "allow"] = "refuse",
         site: LeaseSite | None = None,
+        within: Sequence[str] = (),
     ) -> None:
         self.backend = backend
+        self.within = _key_parts(within) if within else ()
         self.integrity = integrity
         self.partition = partition
         self.max_item_bytes = max_item_bytes
@@ -386,7 +391,7 @@ class Journal:
         awaited under ``async with``); ``retry_safe=True`` starts a new
         attempt instead.
         """
-        parts = _key_parts(key)
+        parts = _key_parts((*self.within, *_key_parts(key)))
         if reconcile is not None and not callable(reconcile):
             raise InvalidArgumentError("reconcile", f"must be a callable taking the key, got {reconcile!r}")
         if lease is not None:
@@ -401,7 +406,8 @@ class Journal:
 
     def _list_flow(self, state: EffectState | None) -> Flow[list[EffectInfo]]:
         tags = {} if state is None else {STATE_TAG: state.value}
-        records = yield ListOp(self.partition, ListQuery(prefix=EFFECT_PREFIX, order="seq", tags=tags))
+        prefix = record_name(self.within) + "/" if self.within else EFFECT_PREFIX
+        records = yield ListOp(self.partition, ListQuery(prefix=prefix, order="seq", tags=tags))
         return [check_record(self.integrity, self.partition, r) for r in records]
 
     def list(self, state: EffectState | None = None) -> list[EffectInfo]:
@@ -705,7 +711,9 @@ def saver_effect(
     (:func:`task_effect_key`): a task re-run after a crash finds its own
     journal, another task (another step, node or namespace) never does. Its
     writes go through the saver's fenced write (the lease the saver holds for
-    the thread, else its unleased policy). ``async with`` works the same.
+    the thread in a ``with saver.lease(...)`` block, whose owner and token the
+    intent records; else the saver's unleased policy). ``async with`` works
+    the same.
     """
     if not isinstance(name, str) or not name:
         raise InvalidNameError("effect name", name, "must be a non-empty string")
@@ -716,8 +724,12 @@ def saver_effect(
     thread, parts = task_effect_key(config, name)
     partition = saver._partition(config, thread)  # type: ignore[arg-type]
     write: Callable[..., Flow[WriteResult]] = getattr(saver, "fenced_write_flow", None) or saver.layout.write_batch
+    registry = getattr(saver, "leases", None)  # the leases the saver holds in a `with saver.lease(...)` block
+    held = None if registry is None else registry.held(partition)
     journal = Journal(
         saver.backend, saver.integrity, partition, max_item_bytes=saver.max_item_bytes,
         label=f"thread {thread!r}", writer=lambda puts, lease: write(partition, list(puts), []),
     )  # fmt: skip
-    return journal.effect(parts, owner=owner, reconcile=reconcile, retry_safe=retry_safe)
+    # the held lease names the owner and token in the intent; the saver's write applies it
+    lease = None if held is None else held.lease
+    return journal.effect(parts, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

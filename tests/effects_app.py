@@ -26,6 +26,7 @@ import operator
 import os
 import signal
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,19 +50,23 @@ class Ledger:
     """The downstream system: one row per applied call, no deduplication."""
 
     def __init__(self, path: str | Path) -> None:
-        self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+        # used from the graph runtime's worker threads too: one connection, one lock
+        self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30, check_same_thread=False)
+        self._lock = threading.Lock()
         self._conn.execute("CREATE TABLE IF NOT EXISTS ledger (key TEXT, effect TEXT, pid INTEGER)")
 
     def apply(self, key: str, effect_name: str) -> int:
         """Perform the effect; return its row id (its "receipt")."""
-        cur = self._conn.execute(
-            "INSERT INTO ledger (key, effect, pid) VALUES (?, ?, ?)", (key, effect_name, os.getpid())
-        )
-        return int(cur.lastrowid or 0)
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO ledger (key, effect, pid) VALUES (?, ?, ?)", (key, effect_name, os.getpid())
+            )
+            return int(cur.lastrowid or 0)
 
     def find(self, key: str) -> Any:
         """Reconcile: the receipt of the call made with ``key``, or NOT_APPLIED."""
-        row = self._conn.execute("SELECT rowid FROM ledger WHERE key = ? ORDER BY rowid LIMIT 1", (key,)).fetchone()
+        with self._lock:
+            row = self._conn.execute("SELECT rowid FROM ledger WHERE key = ? ORDER BY rowid LIMIT 1", (key,)).fetchone()
         return NOT_APPLIED if row is None else {"receipt": row[0]}
 
     def counts(self) -> dict[str, int]:

@@ -321,12 +321,6 @@ def test_holder_paused_between_steps_is_fenced_out(backend: Backend, clock: Fake
 
 
 @pytest.mark.parametrize("backend_name", ["s3", "s3_http"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="known S3 gap: an acquire landing between a redo-log batch's pre-read and its apply makes the "
-    "backend drop the batch's lease condition as 'superseded' while its other records land (s3.py, "
-    "'Concurrent writers'); fixing it needs the backend change described in the H6 report",
-)
 def test_s3_holder_paused_inside_its_batch(backend: Backend, clock: FakeClock) -> None:
     """A stale holder's batch paused after the S3 backend's pre-read, while another takes the lease over."""
     gated = GatedObjectStore.install(backend)

@@ -27,8 +27,13 @@ ABORTING (``"a": 1``, ``If-Match``), deletes its records and then it.
 **Redo log** (any other batch): the current objects are read and the
 conditions evaluated; the manifest holding every operation (body, and the S3
 ETag it replaces or "absent") is written with ``If-None-Match: *``: LOGGED.
-The operations are applied in parallel, each conditioned on that ETag;
-deletes land as tombstones. Deleting the manifest COMMITS; the tombstones
+A batch with an etag condition applies its *fence* first, alone: its first
+IF_MATCH put (else its first delete with ``if_match``; a fenced write's
+lease record). Refused (the record changed after the pre-read) and not
+ours, the manifest is deleted (LOGGED -> ABORTED) and the conflict
+returned: no object carried the marker yet, so no reader rolled it
+forward. Then the operations are applied in parallel, each conditioned on
+that ETag; deletes land as tombstones. Deleting the manifest COMMITS; the tombstones
 are then removed. A reader that meets the marker of a batch it has not seen
 complete rolls it forward (same operations, same conditions, idempotent) and
 reads again. A LOGGED batch that no record refers to (a crash before its
@@ -669,7 +674,17 @@ class Batches:
         seqs: Sequence[int],
         reseq: Callable[[Put, int, int], int],
     ) -> list[Record] | Conflict:
-        """The redo log: pre-read, evaluate, LOG the manifest, apply."""
+        """The redo log: pre-read, evaluate, LOG the manifest, apply the fence alone, then the rest.
+
+        The *fence* is the batch's first etag condition (its first IF_MATCH
+        put, else its first delete with ``if_match``; a fenced write's lease
+        condition, which the store puts first). It is applied on its own
+        before any other operation: refused (the record changed since the
+        pre-read), the batch is aborted and its conflict returned. Until it
+        lands no object carries the batch's marker, so no reader can have
+        rolled the batch forward. One more round trip, only for batches with
+        an etag condition.
+        """
         names = [p.name for p in puts] + [d.name for d in deletes]
         current = self.read(keys, names)
         existing = {n: o.record for n, o in zip(names, current, strict=True) if o and o.record}
@@ -680,10 +695,45 @@ class Batches:
         floor = max((r.seq for r in existing.values()), default=0)
         written = [reseq(put, seqs[i], floor) for i, put in enumerate(puts) if i not in noops]
         plan = _plan(batch.tx, puts, deletes, current, existing, written, set(noops))
-        if plan.ops:
-            self._log(keys, batch, plan.ops)
-            self._apply(keys, batch, plan.ops)
+        if not plan.ops:
+            return list(plan.records)
+        self._log(keys, batch, plan.ops)
+        fence = _fence(puts, deletes, plan.ops)
+        tombs: list[tuple[str, str]] = []
+        if fence is not None:
+            at, index = fence
+            landed = self._apply_fence(keys, batch, plan.ops[at], index)
+            if isinstance(landed, Conflict):
+                return landed
+            tombs = [(plan.ops[at].name, landed)] if plan.ops[at].delete and landed else []
+        self._apply(keys, batch, [op for i, op in enumerate(plan.ops) if fence is None or i != fence[0]], tombs)
         return list(plan.records)
+
+    def _apply_fence(self, keys: Keys, batch: Batch, op: Op, index: int) -> str | Conflict:
+        """Apply a LOGGED batch's fence: its S3 ETag ("" if a retried PUT of ours landed), or abort it.
+
+        Refused and not ours: nothing carries the batch's marker, so deleting
+        the manifest aborts it (LOGGED -> ABORTED); the conflict names the
+        batch operation ``index`` and what is stored now.
+        """
+        etag = self.store.put_if(keys.record(op.name), op.body, absent=op.pre is None, match=op.pre)
+        if etag is not None:
+            return etag
+        try:
+            obj = self.fetch(keys, op.name, False)
+        except CorruptItemError:
+            self._abort_logged(keys, batch)
+            raise
+        if obj is not None and obj.tx == batch.tx:
+            return ""  # ours: a retried request whose first answer was lost (its tombstone: left to recovery)
+        self._abort_logged(keys, batch)
+        (cur,) = self.read(keys, [op.name])
+        return Conflict(index, op.name, cur.record if cur else None)
+
+    def _abort_logged(self, keys: Keys, batch: Batch) -> None:
+        """Delete the manifest of a LOGGED batch none of whose operations landed (LOGGED -> ABORTED)."""
+        self.store.delete_if(keys.manifest(batch.tx))
+        batch.to(BatchState.ABORTED)
 
     def _log(self, keys: Keys, batch: Batch, ops: Sequence[Op]) -> None:
         """Store the redo-log manifest (NEW -> LOGGED)."""
@@ -695,15 +745,18 @@ class Batches:
                 raise RuntimeError(f"batch id {batch.tx} collided")  # 128 random bits: does not happen
         batch.to(BatchState.LOGGED)
 
-    def _apply(self, keys: Keys, batch: Batch, ops: Sequence[Op]) -> None:
-        """Apply a LOGGED batch (idempotent), delete its manifest (COMMITTED), then its tombstones."""
+    def _apply(self, keys: Keys, batch: Batch, ops: Sequence[Op], landed: Sequence[tuple[str, str]] = ()) -> None:
+        """Apply a LOGGED batch (idempotent), delete its manifest (COMMITTED), then its tombstones.
+
+        ``landed``: tombstones (name, S3 ETag) already applied (the fence's).
+        """
 
         def one(op: Op) -> tuple[str, str] | None:
             etag = self.store.put_if(keys.record(op.name), op.body, absent=op.pre is None, match=op.pre)
             # None: already applied by someone rolling forward, or superseded by a later write.
             return (op.name, etag) if op.delete and etag else None
 
-        tombs = [t for t in self._parallel(one, ops) if t]
+        tombs = [*landed, *(t for t in self._parallel(one, ops) if t)]
         self.store.delete_if(keys.manifest(batch.tx))
         batch.to(BatchState.COMMITTED)
         self._mark_done(batch.tx)
@@ -808,6 +861,22 @@ class Batches:
                 if obj.tx not in live:
                     self._drop_tombstone(keys, name, obj.s3etag)
         return damaged
+
+
+def _fence(puts: Sequence[Put], deletes: Sequence[Delete], ops: Sequence[Op]) -> tuple[int, int] | None:
+    """A redo-log batch's fence: (its index in ``ops``, its index in the batch), or None without etag condition.
+
+    The first IF_MATCH put, else the first delete with ``if_match`` (such
+    operations are never no-ops: each has its op, found by name).
+    """
+    at = {op.name: i for i, op in enumerate(ops)}
+    first = next((i for i, put in enumerate(puts) if put.mode is Mode.IF_MATCH), None)
+    if first is None:
+        first = next((len(puts) + j for j, d in enumerate(deletes) if d.if_match is not None), None)
+    if first is None:
+        return None
+    name = puts[first].name if first < len(puts) else deletes[first - len(puts)].name
+    return at[name], first
 
 
 def _plan(

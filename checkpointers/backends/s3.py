@@ -92,12 +92,35 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
 
 **Concurrent writers.** Every write is conditioned on S3 (ETag or absence),
 so an etag-checked write, a create and an append never overwrite a record
-that changed since it was read. Multi-record batches are not isolated from
-a writer that changes one of their records between their pre-read and their
-apply (one round trip): the racing write then wins on that record, as if it
-came after the batch, and the batch's operation on it is dropped. Such a
-race needs two writers on the same record at the same instant (in LangGraph,
-two processes running the same task of the same thread).
+that changed since it was read. A redo-log batch with an etag condition
+applies its **fence** first, alone, right after its manifest: its first
+IF_MATCH put (else its first delete with ``if_match``). That conditional
+PUT is atomic on S3, and until it lands no object carries the batch's
+marker, so the batch is visible only if the fence's record was still the
+version the pre-read saw when the fence landed; refused, the batch is
+aborted (manifest deleted, nothing of it visible) and the conflict
+returned. The batch's *other* operations are not isolated from a writer
+that changes one of their records between the pre-read and the apply: that
+write wins on its record, as if it came after the batch, and the batch's
+operation on it is dropped. Such a race needs two writers on the same
+record at the same instant (in LangGraph, two processes running the same
+task of the same thread).
+
+**Fenced writes (leases).** A write under a lease carries the lease record
+re-put with ``IF_MATCH`` first, so the lease record is the fence: an acquire
+that lands at any moment before the fence's PUT (before the write call, or
+inside it, between the pre-read and the apply) refuses the whole batch, and
+the holder gets :class:`~checkpointers.errors.LeaseLostError`; one that
+lands after it is ordered after the batch (the batch is then visible
+whole: readers roll it forward). Atomic with what: the lease check and the
+batch's commit point are the fence's one conditional PUT; the rest is
+applied after and rolled forward by any reader. Cost: one more sequential
+round trip per fenced batch (the fence's PUT before the others' parallel
+PUTs). **Recovery-lease assumption**: a writer must get from its
+manifest to its fence within ``lease`` (default 60 s): after that a
+:meth:`recover` may abort the unmarked batch while its writer still lands
+the fence and the rest, which are then visible one by one. Keep ``lease``
+well above the longest pause a writer can take inside one ``write`` call.
 
 **Sequence numbers** are microsecond timestamps made strictly monotonic per
 backend instance (and above the seq of any record a write replaced):

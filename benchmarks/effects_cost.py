@@ -10,7 +10,9 @@ the intent, then the outcome), in four settings:
 * ``lease``: under a lease (each write carries the lease record's condition);
 * ``done``: re-entering effects that are done (the caller skips the call);
 
-and, for scale, ``set_item`` of a value of the same size (``refuse``). Counts
+and, for scale, ``set_item`` of a value of the same size (``refuse``); then
+the LangGraph face, ``saver_effect`` with a task's config (``saver``: the
+saver's default unleased policy, ``saver-lease``: inside ``saver.lease``). Counts
 are backend calls (``get``/``write``/``list``) per effect, from a counting
 wrapper; times are wall-clock means per effect, the best of 5 rounds of
 ``n/5`` (this machine: 2 cores, shared), so compare rows, not machines.
@@ -26,13 +28,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from checkpointers import Store
 from checkpointers.backends import Backend, MemoryBackend
-from checkpointers.effects import effect
+from checkpointers.effects import effect, saver_effect
+from checkpointers.savers import Checkpointer
 
 OUTCOME = {"receipt": "r-0001", "amount": 100, "currency": "EUR"}
 
@@ -76,42 +79,68 @@ def backends(redis_url: str | None) -> Iterator[list[tuple[str, Backend]]]:
                 b.close()
 
 
-def measure(backend: Backend, setting: str, n: int) -> tuple[float, dict[str, float]]:
-    """Mean seconds and backend calls per effect for one setting."""
-    counting = Counting(backend)
+def _store_workload(counting: Counting, setting: str, n: int) -> Callable[[int], None]:
+    """One effect (or set_item) of the Store face per call, for ``setting``."""
     unleased = "allow" if setting == "allow" else "refuse"
     store = Store(counting, unleased=unleased).for_user(f"bench-{uuid.uuid4().hex}")  # type: ignore[arg-type]
     scope = f"runs/{uuid.uuid4().hex[:8]}"
     lease = store.acquire_lease(scope, "bench", ttl=600) if setting == "lease" else None
-    one: Callable[[int], None]
     if setting == "done":
         for i in range(n):
             with effect(store, scope, f"e{i}") as fx:
                 fx.record(OUTCOME)
 
-        def one(i: int) -> None:
+        def done(i: int) -> None:
             with effect(store, scope, f"e{i}") as fx:
                 assert fx.done
 
-    elif setting == "set_item":
+        return done
+    if setting == "set_item":
 
-        def one(i: int) -> None:
+        def set_item(i: int) -> None:
             store.set_item(scope, f"k{i}", OUTCOME)
 
-    else:
+        return set_item
 
-        def one(i: int) -> None:
-            with effect(store, scope, f"e{i}", lease=lease) as fx:
-                fx.record(OUTCOME)
+    def new(i: int) -> None:
+        with effect(store, scope, f"e{i}", lease=lease) as fx:
+            fx.record(OUTCOME)
 
-    counting.calls.clear()
-    rounds, means = 5, []
-    for r in range(rounds):  # the best round's mean: the least disturbed by other load
-        start = time.perf_counter()
-        for i in range(r * n // rounds, (r + 1) * n // rounds):
-            one(i)
-        means.append((time.perf_counter() - start) / (n // rounds))
-    return min(means), {k: v / n for k, v in sorted(counting.calls.items())}
+    return new
+
+
+def _saver_workload(counting: Counting, setting: str, stack: ExitStack) -> Callable[[int], None]:
+    """One effect of the LangGraph face (``saver_effect``, a task's config) per call; ``saver-lease``: leased."""
+    saver = Checkpointer(counting).for_user(f"bench-{uuid.uuid4().hex}")  # type: ignore[arg-type]
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    if setting == "saver-lease":
+        stack.enter_context(saver.lease(thread, owner="bench", ttl=600))
+
+    def one(i: int) -> None:
+        config = {"configurable": {"thread_id": thread, "__pregel_task_id": f"task-{i}"}}
+        with saver_effect(saver, config, "charge") as fx:
+            fx.record(OUTCOME)
+
+    return one
+
+
+def measure(backend: Backend, setting: str, n: int) -> tuple[float, dict[str, float]]:
+    """Mean seconds and backend calls per effect for one setting."""
+    counting = Counting(backend)
+    with ExitStack() as stack:
+        if setting.startswith("saver"):
+            one = _saver_workload(counting, setting, stack)
+        else:
+            one = _store_workload(counting, setting, n)
+        counting.calls.clear()
+        rounds, means = 5, []
+        for r in range(rounds):  # the best round's mean: the least disturbed by other load
+            start = time.perf_counter()
+            for i in range(r * n // rounds, (r + 1) * n // rounds):
+                one(i)
+            means.append((time.perf_counter() - start) / (n // rounds))
+        calls = {k: v / n for k, v in sorted(counting.calls.items())}
+    return min(means), calls
 
 
 def main() -> None:
@@ -119,14 +148,14 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=500, help="effects per setting")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis URL ('' to skip)")
     args = parser.parse_args()
-    settings = ("allow", "refuse", "lease", "done", "set_item")
-    print(f"{'backend':8} {'setting':9} {'us/effect':>10}  backend calls per effect")
+    settings = ("allow", "refuse", "lease", "done", "set_item", "saver", "saver-lease")
+    print(f"{'backend':8} {'setting':11} {'us/effect':>10}  backend calls per effect")
     with backends(args.redis or None) as found:
         for name, backend in found:
             for setting in settings:
                 seconds, calls = measure(backend, setting, args.n)
                 shown = ", ".join(f"{k} {v:g}" for k, v in calls.items())
-                print(f"{name:8} {setting:9} {seconds * 1e6:10.0f}  {shown}")
+                print(f"{name:8} {setting:11} {seconds * 1e6:10.0f}  {shown}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ ANONYMOUS_USER = ""
 # that backend keys stay within every backend's key length (S3: 1,024 bytes).
 _MAX_ENCODED = 160
 _SCOPE_SEGMENT = re.compile(r"^[A-Za-z0-9_.:@=+,-]+$")
+#: What ``quote(..., safe="")`` leaves unchanged once ``.`` and ``~`` are encoded too (ASCII ranges only).
+_PLAIN = re.compile(r"[A-Za-z0-9_-]*").fullmatch
 
 
 @functools.lru_cache(maxsize=65536)
@@ -102,6 +104,8 @@ def encode_prefixable(value: str) -> str:
 
 
 def _quote(value: str) -> str:
+    if _PLAIN(value):  # ids, uuids, task names: percent-encoding keeps them as they are
+        return value
     raw = value.encode("utf-8", "surrogatepass")
     return quote(raw, safe="").replace(".", "%2E").replace("~", "%7E")
 

@@ -226,10 +226,25 @@ def tag_value(value: object) -> str | None:
 
 
 def _tag_key(key: object) -> str | None:
+    """``m.<key>``, or None when ``key`` cannot be a tag key (remembered for the few keys metadata has)."""
+    known = _TAG_KEYS.get(key) if type(key) is str else None
+    if known is not None:
+        return known
     if not isinstance(key, str) or "\x00" in key:
         return None
     out = _TAG_PREFIX + key
-    return out if len(out) <= MAX_TAG_KEY_LENGTH else None
+    if len(out) > MAX_TAG_KEY_LENGTH:
+        return None
+    if len(_TAG_KEYS) < _TAG_KEYS_KEPT and type(key) is str:
+        _TAG_KEYS[key] = out
+    return out
+
+
+#: Tag keys of metadata keys seen (str keys only), at most :data:`_TAG_KEYS_KEPT`.
+_TAG_KEYS: dict[str, str] = {}
+_TAG_KEYS_KEPT = 256
+#: Ints this small are tagged as ``str(value)`` directly (what :func:`tag_value` gives them).
+_SMALL_INT = 2**63
 
 
 def metadata_tags(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -244,9 +259,21 @@ def metadata_tags(metadata: Mapping[str, Any]) -> dict[str, str]:
     """
     eligible: dict[str, str] = {}
     for key, value in metadata.items():
-        tkey, tval = _tag_key(key), tag_value(value)
-        if tkey is not None and tval is not None:
-            eligible[tkey] = tval
+        tkey = _tag_key(key)
+        if tkey is None:
+            continue
+        kind = type(value)  # the two common scalars inline; tag_value gives the same for them
+        if kind is str:
+            tval: str | None = _json_str(value)
+            if len(tval) > MAX_TAG_VALUE_LENGTH:  # type: ignore[arg-type]
+                continue
+        elif kind is int and -_SMALL_INT < value < _SMALL_INT:
+            tval = str(value)
+        else:
+            tval = tag_value(value)
+            if tval is None:
+                continue
+        eligible[tkey] = tval  # type: ignore[assignment]
     if len(eligible) <= MAX_TAGS:
         return eligible
     first = [_TAG_PREFIX + k for k in _PRIORITY if _TAG_PREFIX + k in eligible]
@@ -401,7 +428,12 @@ def _frame(typed: tuple[str, bytes]) -> bytes:
     return header + bytes(typed[1])
 
 
+_MSGPACK_FRAME = b"\x07msgpack"
+
+
 def _unframe(data: bytes) -> tuple[str, bytes]:
+    if data[:8] == _MSGPACK_FRAME:  # nearly every record
+        return "msgpack", data[8:]
     if not data:
         raise ValueError("empty record")
     n = data[0]

@@ -89,6 +89,7 @@ _DATA_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_DELTA_SNAPSHOT", "EXT_NUMPY_ARRAY") if hasattr(_jsonplus, n)
 )
 _READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
+_NON_STR_KEYS = ormsgpack.OPT_NON_STR_KEYS
 _PYDANTIC_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_PYDANTIC_V1", "EXT_PYDANTIC_V2") if hasattr(_jsonplus, n)
 )
@@ -226,6 +227,8 @@ class SafeSerializer(JsonPlusSerializer):
         blocked = self._blocked
         blocked.type = blocked.unknown = None
         try:
+            if kind == "msgpack":  # what JsonPlusSerializer.loads_typed does for it, without its dispatch
+                return ormsgpack.unpackb(data[1], ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
             return super().loads_typed(data)
         except Exception:
             found, unknown = blocked.type, blocked.unknown

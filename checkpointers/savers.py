@@ -41,7 +41,9 @@ import copy
 import dataclasses
 import logging
 import random
+import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
@@ -64,10 +66,13 @@ from ._flows import Flow, arun, drop, run
 from ._integrity import Integrity, IntegrityKeys
 from ._names import ANONYMOUS_USER, DEFAULT_MAX_ITEM_BYTES, Partition, validate_user
 from ._saver_flows import SPACE, CheckpointLayout, LoadedCheckpoint, WriteMismatch, ckpt_name, writes_prefix
+from ._saver_leases import HeldLease, LeaseRegistry, Unleased, check_unleased
 from ._serde import AllowedTypes, SafeSerializer
 from .backends import Backend, open_backend
+from .backends.base import Delete, Put, WriteResult
 from .backends.memory import MemoryBackend
 from .errors import InvalidArgumentError, IsolationError
+from .leases import Clock, LeaseInfo, LeaseSite, expired_flow
 
 __all__ = [
     "Checkpointer",
@@ -99,6 +104,8 @@ _SAVER_OPTIONS = (
     "accept_unsealed",
     "strict_writes",
     "on_write_mismatch",
+    "unleased",
+    "clock",
 )
 #: Partitions (with their encoded keys) kept per saver, by (user, thread id).
 _PARTITION_CACHE_SIZE = 4096
@@ -190,6 +197,14 @@ class Checkpointer(BaseCheckpointSaver[str]):
             LangGraph's runtime needs for ``update_state``, forks and resumes.
         on_write_mismatch: called with a :class:`WriteMismatch` for every
             re-written write whose value differs from the stored one.
+        unleased: a write to a thread this saver holds no :meth:`lease` on:
+            ``"refuse"`` (default) reads the thread's lease record first and
+            raises :class:`~checkpointers.errors.LeaseHeldError` while another
+            owner holds it (one read more per ``put``/``put_writes``);
+            ``"allow"`` writes without looking (leases are then advisory for
+            writers outside a ``lease`` block).
+        clock: the wall clock of leases (seconds since the epoch, default
+            ``time.time``).
 
     Using it as a context manager (``with``/``async with``) closes the backend.
     """
@@ -208,6 +223,8 @@ class Checkpointer(BaseCheckpointSaver[str]):
         accept_unsealed: bool | None = None,
         strict_writes: bool = False,
         on_write_mismatch: Callable[[WriteMismatch], None] | None = None,
+        unleased: Unleased = "refuse",
+        clock: Clock = time.time,
     ) -> None:
         if serde is not None and (allowed_msgpack_modules is not None or strict_decoding):
             raise InvalidArgumentError(
@@ -219,7 +236,11 @@ class Checkpointer(BaseCheckpointSaver[str]):
         chosen = serde or default_serde(allowed_msgpack_modules, strict=strict_decoding)
         integrity = Integrity(integrity_key, accept_unsealed=accept_unsealed)
         #: The record layout (serializer, size cap, seals, parent-channel cache) and its flows.
-        self.layout = CheckpointLayout(chosen, max_item_bytes, integrity)
+        #: The leases this saver (and its views) holds, by thread; every write goes through it.
+        self.leases = LeaseRegistry(
+            backend, clock, check_unleased(unleased), lambda p: LeaseSite(integrity, p, p.name)
+        )
+        self.layout = CheckpointLayout(chosen, max_item_bytes, integrity, writer=self.leases.write_flow)
         super().__init__(serde=chosen)  # sets self.serde (LangGraph wraps it): see the property
         self.backend = backend
         self.user = None if user is None else validate_user(user)
@@ -499,6 +520,65 @@ class Checkpointer(BaseCheckpointSaver[str]):
         yield from self.layout.delete_runs_flow(user, run_ids)
         self.layout.parents.clear()
 
+    # -- leases (one writer per thread; see checkpointers._saver_leases) ------------
+
+    def fenced_write_flow(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> Flow[WriteResult]:
+        """One atomic batch of thread partition ``p``, fenced by the lease this saver holds on it, if any.
+
+        Without one, the ``unleased`` policy applies. Every write of the saver
+        goes through here (its layout's writer), and so can a helper's own
+        records in the thread (the effects journal).
+        """
+        return self.leases.write_flow(p, puts, deletes)
+
+    def lease(self, thread_id: str, *, owner: str, ttl: float, config: RunnableConfig | None = None) -> HeldLease:
+        """Hold thread ``thread_id``'s lease for a ``with`` (or ``async with``) block.
+
+        Entering acquires it (:class:`~checkpointers.errors.LeaseHeldError`
+        while another owner holds it, before anything of the graph runs, also
+        for a second block of this saver on the same thread); inside, every
+        ``put``/``put_writes`` of the thread by this saver or its views, on any
+        thread, is fenced with it: once someone else took the thread over it
+        raises :class:`~checkpointers.errors.LeaseLostError` and writes
+        nothing. It is renewed every ``ttl / 3`` in the background and
+        released on exit. The thread's user is the bound one (or
+        ``config``'s ``user_id``)::
+
+            with saver.lease("t1", owner="worker-7", ttl=30) as held:
+                graph.invoke(None, {"configurable": {"thread_id": "t1"}})
+        """
+        p = self._partition(config, thread_id)
+        return HeldLease(self.leases, LeaseSite(self.integrity, p, p.name), owner, ttl)
+
+    alease = lease
+
+    def _expired_flow(self, limit: int | None, config: RunnableConfig | None) -> Flow[list[LeaseInfo]]:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError("limit", f"must be None or an int >= 0, got {limit!r}")
+        user = self._user(config)
+        return expired_flow(self.integrity, user, SPACE, sys.maxsize if limit is None else limit, self.leases.clock)
+
+    def expired_leases(self, *, limit: int | None = 100, config: RunnableConfig | None = None) -> list[LeaseInfo]:
+        """The user's threads whose lease expired without release (``scope`` is the thread id), for recovery.
+
+        A starting worker reclaims one with :meth:`lease` (it succeeds after the
+        expiry, with a higher token) and resumes it (``graph.invoke(None, ...)``).
+        Only the bound user's (or ``config``'s) threads are listed.
+        """
+        return run(self._expired_flow(limit, config), self.backend)
+
+    async def aexpired_leases(
+        self, *, limit: int | None = 100, config: RunnableConfig | None = None
+    ) -> list[LeaseInfo]:
+        """Async :meth:`expired_leases`."""
+        return await arun(self._expired_flow(limit, config), self.backend)
+
+    def effect(self, config: RunnableConfig, name: str, **kw: Any) -> Any:
+        """A journaled side effect of the thread ``config`` names: see :func:`checkpointers.effects.saver_effect`."""
+        from .effects import saver_effect
+
+        return saver_effect(self, config, name, **kw)
+
     # -- sync API ---------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -660,7 +740,8 @@ class MemoryCheckpointer(Checkpointer):
     """A checkpointer over an in-process :class:`MemoryBackend` (tests, quick starts)."""
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(MemoryBackend(), **options)
+        saver, backend_options = _split(options)
+        super().__init__(MemoryBackend(**backend_options), **saver)
 
 
 class SqliteCheckpointer(Checkpointer):
@@ -673,7 +754,8 @@ class SqliteCheckpointer(Checkpointer):
     def __init__(self, path: str | Path, **options: Any) -> None:
         from .backends.sqlite import SqliteBackend
 
-        super().__init__(SqliteBackend(path), **options)
+        saver, backend_options = _split(options)
+        super().__init__(SqliteBackend(path, **backend_options), **saver)
 
     @classmethod
     def from_conn_string(cls, path: str | Path, **options: Any) -> _Opening:

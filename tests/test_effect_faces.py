@@ -20,6 +20,8 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, handler
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
@@ -193,6 +195,81 @@ def test_a_stale_thread_holder_is_refused(sqlite_backend: Backend) -> None:
     assert [(e.intent.owner, e.intent.lease_token) for e in infos] == [
         ("worker-a", held_a.token), ("worker-b", held_b.token),
     ]  # fmt: skip
+
+
+class Crash(Exception):
+    """A simulated process death at one point of a node (the graph run stops there)."""
+
+
+POINTS = ("none", "before_intent", "after_intent", "after_call", "after_outcome")
+
+
+def crash_graph(saver: Checkpointer, ledger: Ledger, plan: dict[str, str], reconcile: bool) -> Any:
+    """``e1 -> e2 -> e3``, each node one effect; its first attempt crashes at ``plan[node]``."""
+    crashed: set[str] = set()
+
+    def at(node: str, point: str) -> None:
+        if plan[node] == point and node not in crashed:
+            crashed.add(node)
+            raise Crash(f"{node} at {point}")
+
+    def node(name: str) -> Any:
+        def charge(state: Pay, config: RunnableConfig) -> dict[str, list[int]]:
+            at(name, "before_intent")
+            with saver_effect(saver, config, "charge", reconcile=ledger.find if reconcile else None) as fx:
+                if not fx.done:
+                    at(name, "after_intent")
+                    receipt = ledger.apply(fx.key, name)
+                    at(name, "after_call")
+                    fx.record({"receipt": receipt})
+                    at(name, "after_outcome")
+            return {"receipts": [fx.outcome["receipt"]]}
+
+        return charge
+
+    g = StateGraph(Pay)
+    for name in EFFECTS:
+        g.add_node(name, node(name))
+    g.add_edge(START, EFFECTS[0])
+    for a, b in zip(EFFECTS, EFFECTS[1:], strict=False):
+        g.add_edge(a, b)
+    g.add_edge(EFFECTS[-1], END)
+    return g.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "sqlite"])
+def test_random_crash_points_in_a_graph_never_repeat_an_effect(backend: Backend, tmp_path: Path) -> None:
+    """Crash each node's first attempt anywhere, resume until done or an honest unknown outcome."""
+    ledger = Ledger(tmp_path / "ledger.db")
+
+    @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(points=st.tuples(*[st.sampled_from(POINTS)] * len(EFFECTS)), reconcile=st.booleans())
+    def check(points: tuple[str, ...], reconcile: bool) -> None:
+        ledger.reset()
+        saver, plan = saver_for(backend), dict(zip(EFFECTS, points, strict=True))
+        app, config = crash_graph(saver, ledger, plan, reconcile), {"configurable": {"thread_id": "t"}}
+        state: Any = {"receipts": []}
+        for _ in range(len(EFFECTS) + 1):  # at most one crash per node, then it finishes
+            try:
+                out = app.invoke(state, config)
+                break
+            except Crash:
+                state = None
+            except UnknownOutcomeError as err:  # reported, never guessed: the call may or may not have happened
+                node = next(n for n, p in plan.items() if p in ("after_intent", "after_call"))
+                assert not reconcile and err.key == thread_effects(saver, "t")[EFFECTS.index(node)].key
+                assert ledger.counts().get(node, 0) == (1 if plan[node] == "after_call" else 0)
+                assert all(ledger.counts().get(n, 0) == 1 for n in EFFECTS[: EFFECTS.index(node)])
+                return
+        else:
+            pytest.fail("the graph did not finish")
+        assert ledger.counts() == dict.fromkeys(EFFECTS, 1)  # every effect exactly once
+        assert len(out["receipts"]) == len(set(out["receipts"])) == len(EFFECTS)
+
+    try:
+        check()
+    finally:
+        ledger.close()
 
 
 # -- kill -9 of a graph node and of a workflow executor -----------------------------------

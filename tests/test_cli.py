@@ -431,3 +431,35 @@ def test_import_option_lets_the_command_decode_a_state_type_of_yours(
     assert shown.returncode == EXIT_OK, shown.stderr
     values = json.loads(shown.stdout)["checkpoint"]["channel_values"]
     assert values["ticket"] == {"type": "Ticket", "id": 7, "title": "disk full"}
+
+
+def test_gc_collects_expired_threads_of_every_user_and_stats_spans_users(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store written with ?ttl=: threads shows each expiry; after it, gc --dry-run lists every user's
+    expired threads, gc removes them (and nothing live), stats without --user counts users."""
+    import time
+
+    url = f"sqlite:///{tmp_path / 'ttl.db'}"
+    fill(f"{url}?ttl=0.5")
+    with Checkpointer.from_url(url) as saver:  # no ttl: carol's thread never expires
+        work_graph(saver.for_user("carol")).invoke({"n": 0}, CONFIG)
+    code, threads = run(capsys, "threads", url, "--user", USER)
+    assert code == EXIT_OK and all(t["expires"] for t in threads)
+    code, stats = run(capsys, "stats", url)
+    assert code == EXIT_OK and {u["user"] for u in stats["largest"]} == {USER, "bob", "carol"}
+    time.sleep(0.7)
+    code, dry = run(capsys, "gc", url, "--dry-run")
+    assert code == EXIT_OK and dry["expired"]["count"] == 3
+    assert sorted((e["user"], e["name"]) for e in dry["expired"]["partitions"]) == [
+        (USER, "nested"), (USER, "thread-1"), ("bob", "thread-1")
+    ]  # fmt: skip
+    assert record_count(url, USER) == 0  # already invisible before collection
+    code, done = run(capsys, "gc", url)
+    assert code == EXIT_OK and done["expired"]["count"] == 3
+    assert run(capsys, "gc", url, "--dry-run")[1]["expired"]["count"] == 0
+    code, stats = run(capsys, "stats", url)
+    assert [u["user"] for u in stats["largest"]] == ["carol"] and stats["largest"][0]["checkpoints"] > 0
+    with pytest.raises(SystemExit) as refused:  # --keep needs --user
+        main(["gc", url, "--keep", "1", "--quiet"])
+    assert refused.value.code == EXIT_USAGE

@@ -464,13 +464,15 @@ class ExpiredPartition:
     """One expired, not yet collected partition, as :meth:`Backend.expired` lists it.
 
     ``user``/``space`` are decoded from ``user_key`` (``None`` for a component
-    stored hashed because it was too long); ``name`` is the raw partition name.
+    stored hashed because it was too long); ``name`` is the raw partition name;
+    ``expires_at`` is ``None`` where the storage expired it on its own and
+    keeps no date (Redis: only the registry entry is left to collect).
     """
 
     key: str
     user_key: str
     name: str
-    expires_at: float
+    expires_at: float | None
 
     @property
     def user(self) -> str | None:

@@ -23,10 +23,11 @@ and the transports, is in ``docs/redis.md``.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import functools
 import json
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Generic, TypeVar
@@ -34,7 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._names import Partition, decode_component, encode_component
 from ..errors import CorruptItemError
-from . import url_flag
+from . import retention_options, url_flag
 from ._redis_transport import (
     DRIVER_ERRORS,
     TRANSIENT_ERRORS,
@@ -51,6 +52,7 @@ from .base import (
     Backend,
     Conflict,
     Delete,
+    ExpiredPartition,
     ListQuery,
     Mode,
     Put,
@@ -59,6 +61,7 @@ from .base import (
     check_batch,
     content_digest,
     tags_json,
+    users_of,
 )
 from .ops import DropOp, GetOp, ListOp, PartitionsOp, WriteOp, arun, run
 
@@ -268,10 +271,13 @@ def _written(put: Put, meta: bytes) -> Record:
 
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
 _PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.:")
-_OUR_URL_OPTIONS = ("prefix", "ttl", "cluster", "transport")
+_OUR_URL_OPTIONS = ("prefix", "ttl", "refresh_on_read", "cluster", "transport")
 _OWN_OPTIONS = frozenset(
-    {"prefix", "ttl", "cluster", "retry_attempts", "retry_backoff", "retry_backoff_max", "transport"}
-)
+    {
+        "prefix", "ttl", "refresh_on_read", "clock", "cluster", "retry_attempts", "retry_backoff",
+        "retry_backoff_max", "transport",
+    }
+)  # fmt: skip
 
 
 def _sent_ahead(put: Put) -> bool:
@@ -452,6 +458,8 @@ class RedisBackend(Backend):
         client_options: dict[str, Any] | None = None,
         prefix: str = "checkpointers",
         ttl: float | None = None,
+        refresh_on_read: bool = False,
+        clock: Callable[[], float] | None = None,
         retry_attempts: int = 6,
         retry_backoff: float = 0.05,
         retry_backoff_max: float = 2.0,
@@ -462,8 +470,6 @@ class RedisBackend(Backend):
                 f"prefix {prefix!r} must be 1-100 characters from [A-Za-z0-9_.:-] "
                 f"(no braces or glob characters)"
             )
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
         if retry_attempts < 0 or retry_backoff < 0 or retry_backoff_max < 0:
             raise ValueError("retry_attempts, retry_backoff and retry_backoff_max must be >= 0")
         if client is None and aclient is None and url is None:
@@ -472,10 +478,9 @@ class RedisBackend(Backend):
             if c is not None and c.get_encoder().decode_responses:
                 raise ValueError("the Redis client must use decode_responses=False (values are bytes)")
         self.prefix = prefix
-        self.ttl = ttl
         self.cluster = cluster
         self.transport = transport
-        self._ttl_ms = 0 if ttl is None else max(1, int(ttl * 1000))
+        self._set_retention(ttl, refresh_on_read, clock)
         self._url = url
         self._link = Link(
             url=url, options=dict(client_options or {}), cluster=cluster, client=client, aclient=aclient,
@@ -506,8 +511,7 @@ class RedisBackend(Backend):
         kwargs: dict[str, Any] = {}
         if "prefix" in ours:
             kwargs["prefix"] = ours["prefix"]
-        if "ttl" in ours:
-            kwargs["ttl"] = float(ours["ttl"])
+        kwargs.update(retention_options(ours))
         if "cluster" in ours:
             kwargs["cluster"] = url_flag("cluster", ours["cluster"])
         if "transport" in ours:
@@ -530,6 +534,14 @@ class RedisBackend(Backend):
     async def aclose(self) -> None:
         """Close the clients this backend created, the current loop's async one included."""
         await self._link.aclose()
+
+    def set_retention(
+        self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        """Retention on Redis is native: keys expire on the server's clock (``clock`` only dates :meth:`expiry`)."""
+        super().set_retention(ttl, refresh_on_read, clock)
+        self.ttl = self.retention.ttl
+        self._ttl_ms = 0 if self.ttl is None else max(1, int(self.ttl * 1000))
 
     # -- keys --------------------------------------------------------------
 
@@ -602,8 +614,9 @@ class RedisBackend(Backend):
         raw_name = partition.name.encode("utf-8", "surrogatepass")
         keys = self._keys(partition)
         commands: list[Command] = [("HSET", registry, partition.key, raw_name)]
-        if self._ttl_ms:
-            commands.append(("PEXPIRE", registry, self._ttl_ms))
+        # the registry lives in the user's slot, not the partition's: its expiry rides in the same
+        # pipeline (it lives ttl after the user's last write, so past every partition it names)
+        commands.append(("PEXPIRE", registry, self._ttl_ms) if self._ttl_ms else ("PERSIST", registry))
         # Staged values go ahead of the script, set-if-absent (content-addressed:
         # a present field holds the same bytes), so they never pass through Lua.
         ahead: list[Command] = [("HSETNX", keys[0], f"v:{put.name}", put.value) for put in puts if _sent_ahead(put)]
@@ -802,19 +815,107 @@ class RedisBackend(Backend):
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Records by name, one ``HMGET``."""
-        return run(self._get_op(partition, names), self)
+        return run(self._read_op(self._get_op(partition, names), partition), self)
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Async :meth:`get`."""
-        return await arun(self._get_op(partition, names), self)
+        return await arun(self._read_op(self._get_op(partition, names), partition), self)
 
     def write(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
         """One atomic batch: one pipeline carrying one Lua script."""
-        return run(self._write_op(partition, puts, deletes), self)  # type: ignore[no-any-return]
+        result: WriteResult = run(self._write_op(partition, puts, deletes), self)
+        self._auto_sweep()
+        return result
 
     async def awrite(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
         """Async :meth:`write`."""
-        return await arun(self._write_op(partition, puts, deletes), self)
+        result: WriteResult = await arun(self._write_op(partition, puts, deletes), self)
+        await self._aauto_sweep()
+        return result
+
+    # -- retention: native expiry; these collect the registry entries it leaves --
+
+    def _read_op(self, op: _RoundTrips, partition: Partition) -> _RoundTrips:
+        """``op``, then with ``refresh_on_read``: its keys' expiry pushed back when under half the ttl is left."""
+        found = yield from op
+        if self.retention.refresh_on_read and self._ttl_ms:
+            keys = self._keys(partition)
+            reply = yield _RoundTrip([("PTTL", keys[1])])
+            if 0 < reply.values[0] < self._ttl_ms / 2:
+                registry = self._registry(partition.user_key)
+                refresh: list[Command] = [("PEXPIRE", k, self._ttl_ms, "XX") for k in keys]
+                yield _RoundTrip([*refresh, ("PEXPIRE", registry, self._ttl_ms)])
+        return found
+
+    def _registries(self) -> builtins.list[tuple[str, str]]:
+        """Every user registry key with its user key (a ``SCAN``: tooling, linear in the keys of the prefix)."""
+        client = self._link.sync_client()
+        found = {k.decode() if isinstance(k, bytes) else str(k) for k in client.scan_iter(match=self._registry("*"))}
+        return [(key, key[len(self.prefix) + 2 : -len("}:parts")]) for key in sorted(found)]
+
+    def _entries(self, registry: str, user_key: str) -> builtins.list[tuple[str, bytes, bool]]:
+        """A registry's entries of its own user (foreign ones are never trusted): (pk, raw name, alive)."""
+        entries = self._link.sync_client().hgetall(registry).items()
+        mine = [(pk.decode("ascii", "replace"), raw) for pk, raw in entries]
+        mine = [(pk, raw) for pk, raw in mine if pk.startswith(user_key)]
+        alive = self._run_trip([("EXISTS", f"{self.prefix}:{{{pk}}}:n") for pk, _ in mine])
+        return [(pk, raw, bool(a)) for (pk, raw), a in zip(mine, alive, strict=False)]
+
+    def _gone(self, limit: int) -> builtins.list[ExpiredPartition]:
+        """Up to ``limit`` registry entries whose partition the server has expired."""
+        out: builtins.list[ExpiredPartition] = []
+        for registry, user_key in self._registries():
+            for pk, raw, alive in self._entries(registry, user_key):
+                if not alive and len(out) < limit:
+                    out.append(ExpiredPartition(pk, user_key, raw.decode("utf-8", "surrogatepass"), None))
+        return out
+
+    def _run_trip(self, commands: builtins.list[Command]) -> builtins.list[Any]:
+        return self._execute(_RoundTrip(commands)).values if commands else []
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        """Registry entries of partitions the server has expired (their data is gone; ``expires_at`` unknown)."""
+        return self._gone(limit)
+
+    def sweep(self, limit: int = 1000) -> int:
+        """Remove up to ``limit`` registry entries of expired partitions.
+
+        Each entry is removed with ``HDEL``, then its partition checked: one
+        that a concurrent write refilled meanwhile is registered again (the
+        registry protocol of ``docs/redis.md``), so no live partition is lost.
+        """
+        gone = self._gone(limit)
+        for entry in gone:
+            registry = self._registry(entry.user_key)
+            self._run_trip([("HDEL", registry, entry.key)])
+            if self._run_trip([("EXISTS", f"{self.prefix}:{{{entry.key}}}:n")])[0]:
+                raw = entry.name.encode("utf-8", "surrogatepass")
+                self._run_trip([("HSET", registry, entry.key, raw)])
+        return len(gone)
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        """Users with a live partition in their registry (a ``SCAN``: tooling)."""
+        live = [uk for reg, uk in self._registries() if any(a for _, _, a in self._entries(reg, uk))]
+        return users_of(live, space)
+
+    def expiry(self, partition: Partition) -> float | None:
+        """When the partition's keys expire, on this backend's clock (``None``: never, or absent)."""
+        (pttl,) = self._run_trip([("PTTL", self._keys(partition)[1])])
+        return None if pttl < 0 else self.retention.now() + pttl / 1000
+
+    async def asweep(self, limit: int = 1000) -> int:
+        """Async :meth:`sweep` (tooling: the sync client, on a worker thread)."""
+        return await asyncio.to_thread(self.sweep, limit)
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return await asyncio.to_thread(self.expired, limit)
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        return await asyncio.to_thread(self.users, space)
+
+    async def aexpiry(self, partition: Partition) -> float | None:
+        return await asyncio.to_thread(self.expiry, partition)
+
 
     def partitions(self, user: str, space: str) -> list[str]:
         """Raw names of the user's non-empty partitions in ``space``, sorted."""
@@ -834,8 +935,8 @@ class RedisBackend(Backend):
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         """Records selected by ``query``: one Lua script over the indexes."""
-        return run(self._list_op(partition, query), self)
+        return run(self._read_op(self._list_op(partition, query), partition), self)
 
     async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         """Async :meth:`list`."""
-        return await arun(self._list_op(partition, query), self)
+        return await arun(self._read_op(self._list_op(partition, query), partition), self)

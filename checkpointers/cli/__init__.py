@@ -54,12 +54,21 @@ examples:
   checkpointers verify redis://127.0.0.1:6379/0 --user alice
   checkpointers migrate langgraph+sqlite:///old.db sqlite:///state.db --user alice
   checkpointers export sqlite:///state.db alice.jsonl.gz --user alice
+  checkpointers gc "sqlite:///state.db" --dry-run       (expired threads of every user)
+  checkpointers stats redis://127.0.0.1:6379/0           (every user, largest first)
 """
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+#: Verbs whose --user is optional: without it they work across users (the backend's ``users()``).
+_ACROSS_USERS = ("stats", "gc")
+
+
+def _common(p: argparse.ArgumentParser, name: str) -> None:
     """The options every verb takes."""
-    p.add_argument("--user", required=True, metavar="U", help="the user whose threads to use ('' for none)")
+    if name in _ACROSS_USERS:
+        p.add_argument("--user", metavar="U", help="the user whose threads to use ('' for none; default: every user)")
+    else:
+        p.add_argument("--user", required=True, metavar="U", help="the user whose threads to use ('' for none)")
     p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of tables")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument(
@@ -104,7 +113,8 @@ _VERBS: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
     (
         "stats",
         "bytes and counts, largest threads first",
-        "Bytes and counts of a user's threads (largest first), items and Agent Framework checkpoints.",
+        "Bytes and counts of a user's threads (largest first), items and Agent Framework checkpoints.\n"
+        "Without --user: one row per user (every user holding partitions), largest first.",
         [_URL, ("--top", {"type": int, "default": 20, "metavar": "N", "help": "the N largest threads (default 20)"})],
     ),
     (
@@ -117,10 +127,11 @@ _VERBS: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
     ),
     (
         "gc",
-        "delete orphaned blobs and writes; --keep N checkpoints",
+        "delete expired threads, orphaned blobs and writes; --keep N checkpoints",
         "Delete blobs no checkpoint names and writes of checkpoints that are gone; with --keep N also every\n"
         "checkpoint but the newest N of each namespace (with its writes). Each thread in one atomic batch.\n"
-        "--dry-run prints what would go. Expired partitions (ttl) are collected once retention lands.",
+        "--dry-run prints what would go. First, expired partitions (ttl) of every user are removed (listed\n"
+        "with --dry-run); without --user that is all gc does.",
         [
             _URL,
             _SOME_THREAD,
@@ -172,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         verb.set_defaults(command=name)
         for flag, options in arguments:
             verb.add_argument(flag, **options)
-        _common(verb)
+        _common(verb, name)
     sub.add_parser(
         "demo", help="crash a LangGraph run with SIGKILL and resume it (python -m checkpointers demo --help)"
     )

@@ -162,6 +162,8 @@ def cmd_show(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 @guarded
 def cmd_stats(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Output(ns.json, ns.quiet)
+    if ns.user is None:
+        return _stats_across_users(ns, out)
     rows, others = _summaries(ns, out, spaces=True)
     rows.sort(key=lambda t: -t["bytes"])
     totals = {k: sum(t[k] for t in rows) for k in ("checkpoints", "writes", "blobs", "records", "bytes")}
@@ -176,6 +178,34 @@ def cmd_stats(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for space, t in others.items():
         out.line(f"{space}: {t['partitions']} partitions, {t['records']} records, {_size(t['bytes'])}")
     out.table(f"largest {min(ns.top, len(rows))} threads", _THREAD_COLUMNS, [_thread_row(t) for t in rows[: ns.top]])
+    return EXIT_OK
+
+
+_USER_COLUMNS = ("user", "threads", "checkpoints", "writes", "blobs", "bytes", "other partitions")
+
+
+def _stats_across_users(ns: argparse.Namespace, out: Output) -> int:
+    """``stats`` without ``--user``: one row per user holding partitions (``Backend.users()``), largest first."""
+    users: list[dict[str, Any]] = []
+    with _store(ns.url) as saver:
+        names = saver.backend.users()
+        with out.progress("reading users", len(names)) as tick:
+            for user in names:
+                rows = list(_inspect.thread_summaries(saver, user))
+                others = _inspect.space_totals(saver, user)
+                row = {k: sum(t[k] for t in rows) for k in ("checkpoints", "writes", "blobs", "records", "bytes")}
+                row["bytes"] += sum(t["bytes"] for t in others.values())
+                row.update(user=user, threads=len(rows), other_partitions=sum(t["partitions"] for t in others.values()))
+                users.append(row)
+                tick(1)
+    users.sort(key=lambda u: -u["bytes"])
+    if ns.json:
+        out.json({"users": len(users), "bytes": sum(u["bytes"] for u in users), "largest": users[: ns.top]})
+        return EXIT_OK
+    keys = ("user", "threads", "checkpoints", "writes", "blobs", "bytes", "other_partitions")
+    table = [[_size(u[k]) if k == "bytes" else u[k] for k in keys] for u in users[: ns.top]]
+    out.line(f"{len(users)} users, {_size(sum(u['bytes'] for u in users))}")
+    out.table(f"largest {min(ns.top, len(users))} users", _USER_COLUMNS, table)
     return EXIT_OK
 
 
@@ -210,28 +240,68 @@ def cmd_gc(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Output(ns.json, ns.quiet)
     if ns.keep is not None and ns.keep < 1:
         parser.error("gc: --keep must be >= 1 (to delete a whole thread, use the saver's delete_thread)")
+    if ns.user is None and (ns.thread or ns.keep is not None):
+        parser.error("gc: --thread and --keep need --user")
     with _store(ns.url) as saver:
-        parts = [Partition(ns.user, "langgraph", ns.thread)] if ns.thread else thread_partitions(saver.backend, ns.user)
-        with out.progress("collecting", len(parts)) as tick:
-            results = []
-            for p in parts:
-                results.append(_verify.collect(saver, p, ns.keep, ns.dry_run))
-                tick(1)
+        expired = _collect_expired(saver, out, ns.dry_run)
+        results = [] if ns.user is None else _collect_orphans(saver, out, ns)
     counts = {k: sum(len(r["deleted"][k]) for r in results) for k in ("checkpoint", "writes", "blob")}
     if ns.json:
-        out.json({"dry_run": ns.dry_run, "threads": len(results), "deleted": counts, "per_thread": results})
+        out.json(
+            {"dry_run": ns.dry_run, "expired": expired, "threads": len(results), "deleted": counts,
+             "per_thread": results}
+        )  # fmt: skip
         return EXIT_OK
     verb = "would delete" if ns.dry_run else "deleted"
     if ns.dry_run:
+        for e in expired["partitions"]:
+            out.line(f"would delete expired {e['space']} partition {e['name']!r} of user {e['user']!r}")
         for r in results:
             for kind, names in r["deleted"].items():
                 for name in names:
                     out.line(f"would delete {kind} {name} (thread {r['thread_id']!r})")
-    out.line(
-        f"{len(results)} threads: {verb} {counts['checkpoint']} checkpoints, {counts['writes']} writes records, "
-        f"{counts['blob']} blobs"
-    )
+    out.line(f"expired partitions (every user): {verb} {expired['count']}")
+    if ns.user is not None:
+        out.line(
+            f"{len(results)} threads: {verb} {counts['checkpoint']} checkpoints, {counts['writes']} writes records, "
+            f"{counts['blob']} blobs"
+        )
     return EXIT_OK
+
+
+#: Partitions one ``sweep`` call removes (``gc`` calls it until fewer come back).
+_SWEEP_BATCH = 1000
+
+
+def _collect_expired(saver: Checkpointer, out: Output, dry_run: bool) -> dict[str, Any]:
+    """Expired partitions of every user: swept in batches, or (``dry_run``) listed."""
+    if dry_run:
+        listed = saver.backend.expired(limit=10**9)
+        rows = [
+            {"user": e.user, "space": e.space, "name": e.name, "expires": _inspect.expiry_text(e.expires_at)}
+            for e in listed
+        ]
+        return {"count": len(rows), "partitions": rows}
+    count = 0
+    with out.progress("removing expired partitions") as tick:
+        while True:
+            n = saver.backend.sweep(_SWEEP_BATCH)
+            count += n
+            tick(n)
+            if n < _SWEEP_BATCH:
+                break
+    return {"count": count, "partitions": []}
+
+
+def _collect_orphans(saver: Checkpointer, out: Output, ns: argparse.Namespace) -> list[dict[str, Any]]:
+    """Orphaned blobs and writes (and, with ``--keep``, old checkpoints) of the user's threads."""
+    parts = [Partition(ns.user, "langgraph", ns.thread)] if ns.thread else thread_partitions(saver.backend, ns.user)
+    results = []
+    with out.progress("collecting", len(parts)) as tick:
+        for p in parts:
+            results.append(_verify.collect(saver, p, ns.keep, ns.dry_run))
+            tick(1)
+    return results
 
 
 def _serde(ns: argparse.Namespace) -> Any:

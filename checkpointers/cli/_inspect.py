@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._scan import CKPT, decode_checkpoint, kind_of, layout_of, thread_partition
 
 __all__ = [
     "OTHER_SPACES",
+    "expiry_text",
     "history",
     "jsonable",
     "show",
@@ -62,8 +64,15 @@ def thread_summary(saver: Checkpointer, p: Partition) -> dict[str, Any]:
         "records": sum(counts.values()),
         "bytes": size,
         "last_write": last,
-        "expires": None,  # retention (issue 17's ttl) is not stored yet
+        "expires": expiry_text(saver.backend.expiry(p)),
     }
+
+
+def expiry_text(expires_at: float | None) -> str | None:
+    """A stored expiry as ISO 8601 UTC to the second (``None``: never expires)."""
+    if expires_at is None:
+        return None
+    return datetime.datetime.fromtimestamp(expires_at, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def thread_summaries(saver: Checkpointer, user: str, tick: Tick = _no_tick) -> Iterator[dict[str, Any]]:

@@ -186,12 +186,15 @@ apply("ZADD", x, x_new)
 apply("ZADD", t, t_new)
 
 -- 3. an empty partition keeps no keys; a live one gets its expiry refreshed
---    (a batch that stored a put cannot have left it empty)
+--    (a batch that stored a put cannot have left it empty); a write without
+--    a ttl leaves none (one PTTL when there is nothing to clear)
 if (nd > 0 or np == 0) and redis.call("EXISTS", n) == 0 then
   out[3] = 1
   redis.call("DEL", seqkey)
 elseif ttl > 0 then
   for _, k in ipairs(KEYS) do redis.call("PEXPIRE", k, ttl) end
+elseif redis.call("PTTL", n) > 0 then
+  for _, k in ipairs(KEYS) do redis.call("PERSIST", k) end
 end
 return out
 end, drop_orphans)

@@ -87,6 +87,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -123,7 +124,9 @@ __all__ = [
     "Reconcile",
     "UnknownOutcomeError",
     "check_record",
+    "current_effect",
     "effect",
+    "effect_tool",
     "idempotency_key",
     "record_name",
     "saver_effect",
@@ -733,3 +736,76 @@ def saver_effect(
     # the held lease names the owner and token in the intent; the saver's write applies it
     lease = None if held is None else held.lease
     return journal.effect(parts, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)
+
+
+#: The effect of the effect_tool call running in this context (see :func:`current_effect`).
+_CURRENT: ContextVar[Effect | None] = ContextVar("checkpointers_current_effect", default=None)
+
+
+def current_effect() -> Effect:
+    """Inside a function decorated with :func:`effect_tool`: its effect (``.key`` for the downstream call)."""
+    fx = _CURRENT.get()
+    if fx is None:
+        raise InvalidArgumentError("current_effect()", "is only available inside a call of an @effect_tool function")
+    return fx
+
+
+def effect_tool(
+    saver: Checkpointer, name: str | None = None, *, reconcile: Reconcile | None = None, retry_safe: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make every call of a tool (or of any function a node calls) one journaled effect of the running task.
+
+    The function runs once: a call that finds its effect done returns the
+    stored outcome without running it; its return value (bytes or JSON-able)
+    is the outcome. Inside it, :func:`current_effect` gives the effect
+    (``current_effect().key``: the idempotency key). The effect is named
+    ``name`` (default: the function's name), plus ``:<tool_call_id>`` when the
+    call has a ``tool_call_id`` keyword (LangChain's ``InjectedToolCallId``),
+    so the calls of one tool node's task stay apart::
+
+        @tool
+        @effect_tool(saver, reconcile=mail.find)
+        def send_email(to: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+            return mail.send(to, idempotency_key=current_effect().key)
+
+    Works for sync and async functions (``async with``); the task is the one
+    ``langgraph.config.get_config()`` names.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        base = name or fn.__name__
+
+        def block(kwargs: Mapping[str, Any]) -> EffectBlock:
+            call_id = kwargs.get("tool_call_id")
+            label = base if call_id is None else f"{base}:{call_id}"
+            return saver_effect(saver, None, label, reconcile=reconcile, retry_safe=retry_safe)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def acall(*args: Any, **kwargs: Any) -> Any:
+                async with block(kwargs) as fx:
+                    if not fx.done:
+                        token = _CURRENT.set(fx)
+                        try:
+                            await fx.arecord(await fn(*args, **kwargs))
+                        finally:
+                            _CURRENT.reset(token)
+                return fx.outcome
+
+            return acall
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with block(kwargs) as fx:
+                if not fx.done:
+                    token = _CURRENT.set(fx)
+                    try:
+                        fx.record(fn(*args, **kwargs))
+                    finally:
+                        _CURRENT.reset(token)
+            return fx.outcome
+
+        return call
+
+    return decorate

@@ -22,14 +22,25 @@ import pytest
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, handler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.graph import END, START, StateGraph
+from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
 from adapters.agent_framework import IsolatedCheckpointStorage
 from adapters.agent_framework_effects import LEASE_PREFIX, run_journal, storage_effect
 from checkpointers.backends import Backend
-from checkpointers.effects import EffectInfo, EffectState, Journal, UnknownOutcomeError, saver_effect
+from checkpointers.effects import (
+    EffectInfo,
+    EffectState,
+    Journal,
+    UnknownOutcomeError,
+    current_effect,
+    effect_tool,
+    saver_effect,
+)
 from checkpointers.errors import InvalidArgumentError, InvalidNameError, LeaseHeldError, LeaseLostError
 from checkpointers.leases import acquire, listed_site
 from checkpointers.savers import Checkpointer
@@ -411,3 +422,68 @@ def test_storage_effect_refuses_bad_names(memory_backend: Backend) -> None:
         with pytest.raises(InvalidNameError):
             storage_effect(storage, *args)  # type: ignore[arg-type]
     assert asyncio.run(run_journal(storage, "r").alist()) == []
+
+
+# -- @effect_tool in a LangGraph tool node -----------------------------------------------
+
+
+class Died(BaseException):
+    """The process "dies" inside a tool (a BaseException: no tool-error handling turns it into a message)."""
+
+
+def tool_graph(saver: Checkpointer, ledger: Ledger, die_in: set[str], asynchronous: bool) -> Any:
+    """One ``ToolNode`` task running two calls of one ``@effect_tool`` tool (sync or async)."""
+
+    def send(to: str) -> dict[str, Any]:
+        receipt = ledger.apply(current_effect().key, to)
+        if to in die_in:
+            die_in.discard(to)
+            raise Died
+        return {"receipt": receipt}
+
+    @tool
+    @effect_tool(saver, reconcile=ledger.find)
+    def send_email(to: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
+        """Send an email."""
+        return send(to)
+
+    @tool("send_email")
+    @effect_tool(saver, "send_email", reconcile=ledger.find)
+    async def asend_email(to: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
+        """Send an email."""
+        await asyncio.sleep(0)
+        return send(to)
+
+    g = StateGraph(MessagesState)
+    g.add_node("tools", ToolNode([asend_email if asynchronous else send_email], handle_tool_errors=False))
+    g.add_edge(START, "tools")
+    g.add_edge("tools", END)
+    return g.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("backend_name", ["memory", "sqlite"])
+async def test_effect_tool_calls_of_one_tool_node(backend: Backend, tmp_path: Path, asynchronous: bool) -> None:
+    saver, ledger = saver_for(backend), Ledger(tmp_path / "ledger.db")
+    app = tool_graph(saver, ledger, {"bob"}, asynchronous)
+    calls = [
+        {"name": "send_email", "args": {"to": to}, "id": f"call-{to}", "type": "tool_call"} for to in ("al", "bob")
+    ]
+    config: RunnableConfig = {"configurable": {"thread_id": "t"}}
+    first = {"messages": [AIMessage(content="", tool_calls=calls)]}
+    with pytest.raises(Died):
+        await app.ainvoke(first, config) if asynchronous else app.invoke(first, config)
+    # the task re-runs: al's call is done (not run again), bob's unknown outcome is reconciled
+    out = await app.ainvoke(None, config) if asynchronous else app.invoke(None, config)
+    assert ledger.counts() == {"al": 1, "bob": 1}
+    replies = {m.tool_call_id: m.content for m in out["messages"][1:]}
+    assert set(replies) == {"call-al", "call-bob"}
+    infos = {e.name[2]: e for e in thread_effects(saver, "t")}
+    assert set(infos) == {"send_email:call-al", "send_email:call-bob"} and len({e.name[1] for e in infos.values()}) == 1
+    assert infos["send_email:call-bob"].via == "reconcile" and infos["send_email:call-al"].via == "call"
+    ledger.close()
+
+
+def test_current_effect_outside_a_tool_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="effect_tool"):
+        current_effect()

@@ -124,10 +124,15 @@ def pay_graph(saver: Checkpointer, ledger: Ledger, crash: list[bool], reconcile:
                 await fx.arecord({"receipt": receipt})
         return {"receipts": [fx.outcome["receipt"]]}
 
-    g = StateGraph(Pay)
-    g.add_node("pay", pay)
-    g.add_edge(START, "pay")
-    g.add_edge("pay", END)
+    return one_node_graph(saver, Pay, "pay", pay)
+
+
+def one_node_graph(saver: Checkpointer, state: Any, name: str, node: Any) -> Any:
+    """START -> ``name`` -> END."""
+    g = StateGraph(state)
+    g.add_node(name, node)
+    g.add_edge(START, name)
+    g.add_edge(name, END)
     return g.compile(checkpointer=saver)
 
 
@@ -454,11 +459,8 @@ def tool_graph(saver: Checkpointer, ledger: Ledger, die_in: set[str], asynchrono
         await asyncio.sleep(0)
         return send(to)
 
-    g = StateGraph(MessagesState)
-    g.add_node("tools", ToolNode([asend_email if asynchronous else send_email], handle_tool_errors=False))
-    g.add_edge(START, "tools")
-    g.add_edge("tools", END)
-    return g.compile(checkpointer=saver)
+    tools = ToolNode([asend_email if asynchronous else send_email], handle_tool_errors=False)
+    return one_node_graph(saver, MessagesState, "tools", tools)
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])

@@ -77,6 +77,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -89,6 +91,7 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
+from checkpointers._saver_leases import HeldLease, LeaseRegistry
 from checkpointers.backends import Backend, open_backend
 from checkpointers.backends.base import ListQuery, Mode, Put, Record
 from checkpointers.errors import (
@@ -97,8 +100,9 @@ from checkpointers.errors import (
     InvalidNameError,
     IsolationError,
 )
-from checkpointers.flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, write_flow
+from checkpointers.flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, raise_conflict, run
 from checkpointers.integrity import Integrity, IntegrityKeys
+from checkpointers.leases import Clock, LeaseInfo, expired_listed_flow, listed_site
 from checkpointers.names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,
@@ -260,6 +264,7 @@ class IsolatedCheckpointStorage:
             so a record copied from another user's storage is refused.
         accept_unsealed: read records without a trustworthy seal (written
             before 0.2); default: only when no key is set.
+        clock: the wall clock of run leases (:meth:`lease`; default ``time.time``).
         **backend_options: passed to ``open_backend`` when ``backend`` is a URL.
 
     **Refused saves are made visible.** The framework's runner catches every
@@ -293,6 +298,7 @@ class IsolatedCheckpointStorage:
         integrity_key: IntegrityKeys = None,
         accept_unsealed: bool | None = None,
         integrity: Integrity | None = None,
+        clock: Clock = time.time,
         **backend_options: Any,
     ) -> None:
         if isinstance(backend, str):
@@ -331,6 +337,8 @@ class IsolatedCheckpointStorage:
         self.refusals: list[RefusedSave] = []
         #: Number of refused saves since this storage was created.
         self.refused_saves = 0
+        #: The run lease this storage holds (one at a time), which fences every save.
+        self.leases = LeaseRegistry(self.backend, clock, "allow", None)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> IsolatedCheckpointStorage:
@@ -353,7 +361,60 @@ class IsolatedCheckpointStorage:
             max_item_bytes=self.max_item_bytes,
             on_refused=self.on_refused,
             integrity=self.integrity,
+            clock=self.leases.clock,
         )
+
+    # -- run leases ----------------------------------------------------------
+
+    def lease(self, run_id: str, *, owner: str, ttl: float) -> HeldLease:
+        """Hold workflow run ``run_id``'s lease for an ``async with`` (or ``with``) block.
+
+        Entering acquires it (:class:`~checkpointers.errors.LeaseHeldError`
+        while another owner holds it: call this before ``workflow.run`` so no
+        executor runs); inside, every ``save`` of this storage object is
+        fenced with it (:class:`~checkpointers.errors.LeaseLostError` once
+        another process took the run over: nothing is written; the framework
+        logs the refused save and :meth:`raise_if_refused` raises it). It is
+        renewed every ``ttl / 3`` in the background and released on exit. The
+        framework gives a checkpoint no run id, so one storage object holds
+        one run lease at a time (a second block: ``LeaseHeldError``); use a
+        storage per concurrent run (:meth:`for_user`), and pass the same
+        ``run_id`` on resume. Saves outside a lease block are not checked::
+
+            async with storage.lease("order-42", owner="worker-7", ttl=30):
+                await workflow.run(checkpoint_id=latest.checkpoint_id)
+        """
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidNameError("run id", run_id, "must be a non-empty string")
+        from .agent_framework_effects import LEASE_PREFIX
+
+        return HeldLease(self.leases, listed_site(self.integrity, self.partition, LEASE_PREFIX, run_id), owner, ttl)
+
+    def _expired_flow(self, limit: int | None) -> Flow[list[LeaseInfo]]:
+        from .agent_framework_effects import LEASE_PREFIX
+
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+        n = sys.maxsize if limit is None else limit
+        return expired_listed_flow(self.integrity, self.partition, LEASE_PREFIX, n, self.leases.clock)
+
+    def expired_leases(self, *, limit: int | None = 100) -> list[LeaseInfo]:
+        """This user's workflow runs whose lease expired without release (``scope`` is the run id).
+
+        For recovery: reclaim one with :meth:`lease` and resume it from
+        ``get_latest``. One listing of the user's lease records.
+        """
+        return run(self._expired_flow(limit), self.backend)
+
+    async def aexpired_leases(self, *, limit: int | None = 100) -> list[LeaseInfo]:
+        """Async :meth:`expired_leases`."""
+        return await arun(self._expired_flow(limit), self.backend)
+
+    def effect(self, run_id: str, executor_id: str, name: str, **kw: Any) -> Any:
+        """A journaled side effect of an executor: see :func:`adapters.agent_framework_effects.storage_effect`."""
+        from .agent_framework_effects import storage_effect
+
+        return storage_effect(self, run_id, executor_id, name, **kw)
 
     # -- the CheckpointStorage protocol ----------------------------------
 
@@ -465,7 +526,8 @@ class IsolatedCheckpointStorage:
 
     def _save_flow(self, checkpoint: WorkflowCheckpoint) -> Flow[str]:
         put = self._prepare(checkpoint)  # every check runs before the first yield
-        yield from write_flow(self.partition, [put], labels=[checkpoint.checkpoint_id])
+        result = yield from self.leases.write_flow(self.partition, [put], ())
+        raise_conflict(result, [put], (), [checkpoint.checkpoint_id])
         return checkpoint.checkpoint_id
 
     def _prepare(self, checkpoint: WorkflowCheckpoint) -> Put:

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from ._flows import Flow, arun, run
+from ._flows import Flow, arun, run, write
 from ._names import Partition
 from .backends.base import Delete, Put, WriteResult
 from .errors import InvalidArgumentError, LeaseHeldError, LeaseLostError
@@ -58,7 +58,10 @@ def check_unleased(value: object) -> Unleased:
 class LeaseRegistry:
     """The leases one face holds in this process, by partition; the write path that applies them."""
 
-    def __init__(self, backend: Backend, clock: Clock, unleased: Unleased, site_of: Callable[[Partition], LeaseSite]):
+    def __init__(
+        self, backend: Backend, clock: Clock, unleased: Unleased, site_of: Callable[[Partition], LeaseSite] | None
+    ) -> None:
+        """``site_of`` names the lease record of a partition for unleased writes (None: they are not checked)."""
         self.backend = backend
         self.clock = clock
         self.unleased = unleased
@@ -89,10 +92,11 @@ class LeaseRegistry:
         """One atomic batch of ``p``, fenced by the lease held on it, else checked by the unleased policy."""
         held = self._held.get(p)
         lease = None if held is None else held.current()
-        site = self.site_of(p) if lease is None else lease.site
-        return guarded_write_flow(
-            site, lease, puts, deletes, clock=self.clock, refuse_unleased=self.unleased == "refuse"
-        )
+        if lease is not None:
+            return guarded_write_flow(lease.site, lease, puts, deletes, clock=self.clock)
+        if self.unleased == "allow" or self.site_of is None:
+            return write(p, tuple(puts), tuple(deletes))
+        return guarded_write_flow(self.site_of(p), None, puts, deletes, clock=self.clock)
 
 
 class HeldLease:

@@ -302,3 +302,58 @@ def test_kill_9_then_a_fresh_process_recovers(fleet: tuple[str, Checkpointer], t
     assert b["trail"] == [["A", 1], ["A", 2], ["B", 3], ["B", 4], ["B", 5]]
     assert executions(tmp_path) == ["A 1", "A 2", "A 3", "B 3", "B 4", "B 5"]  # saved steps did not run again
     one_chain(saver, thread)
+
+
+# -- Agent Framework: a workflow run on IsolatedCheckpointStorage ------------------------------
+
+COUNTDOWN = 6
+
+
+def af_chain(checkpoints: list[Any]) -> None:
+    """No checkpoint is the previous one of two others (one chain of saves)."""
+    previous = Counter(c.previous_checkpoint_id for c in checkpoints if c.previous_checkpoint_id)
+    assert all(n == 1 for n in previous.values()), f"forked run: {previous}"
+
+
+def test_agent_framework_run_lease_fences_the_stale_worker(lease_backend: Backend) -> None:
+    from adapters.agent_framework import IsolatedCheckpointStorage
+
+    async def main() -> None:
+        clock = FakeClock()
+        a = IsolatedCheckpointStorage(lease_backend, user="alice", clock=clock)
+        b = IsolatedCheckpointStorage(lease_backend, user="alice", clock=clock)
+        name = f"wf-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(LeaseLostError):  # on exit: A's release finds B's lease
+            async with a.lease("run-1", owner="A", ttl=10) as held_a:
+                await a_then_b(a, b, held_a, name)
+
+    asyncio.run(main())
+
+
+async def a_then_b(a: Any, b: Any, held_a: Any, name: str) -> None:
+    """A's run stops mid-way, B takes it over after A's ttl and finishes it, A's later saves are refused."""
+    from adapters.agent_framework import IsolatedCheckpointStorage
+    from tests.af_workflows import CrashError, countdown_workflow
+
+    with pytest.raises(LeaseHeldError):  # before any executor runs
+        async with b.lease("run-1", owner="B", ttl=10):
+            pass
+    with pytest.raises(CrashError):  # A stops mid-run (stands for a pause past its ttl)
+        await countdown_workflow(name, a, crash_at=3).run(COUNTDOWN)
+    stale = await a.get_latest(workflow_name=name)
+    a.leases.clock.advance(11)
+    assert [i.scope for i in await b.aexpired_leases()] == ["run-1"]
+    assert IsolatedCheckpointStorage(a.backend, user="bob").expired_leases() == []
+    async with b.lease("run-1", owner="B", ttl=10) as held_b:
+        assert held_b.token > held_a.token
+        latest = await b.get_latest(workflow_name=name)
+        outputs = (await countdown_workflow(name, b).run(checkpoint_id=latest.checkpoint_id)).get_outputs()
+    assert outputs == [3, 2, 1, 0]
+    saved = len(await b.list_checkpoint_ids(workflow_name=name))
+    # A wakes and goes on from where it was: its saves are refused (logged by the framework).
+    await countdown_workflow(name, a).run(checkpoint_id=stale.checkpoint_id)
+    with pytest.raises(Exception) as refused:
+        a.raise_if_refused()
+    assert isinstance(refused.value.__cause__, LeaseLostError)
+    assert len(await b.list_checkpoint_ids(workflow_name=name)) == saved
+    af_chain(await b.list_checkpoints(workflow_name=name))

@@ -63,6 +63,12 @@ deduplicates on the key). Without a lease, two processes may both be inside
 one effect (the second gets UnknownOutcomeError, or with ``reconcile`` may ask
 while the first is still calling): fence effects that can race with a lease.
 
+The faces: :func:`effect` (``store.effect(scope, key)``); :func:`saver_effect`
+(LangGraph: ``saver.effect(config, name)`` in a node or a tool, keyed by the
+thread, namespace, task id and name) and :func:`effect_tool` (a tool
+decorator); ``adapters.agent_framework_effects.storage_effect`` (Agent
+Framework: ``storage.effect(run_id, executor_id, name)`` in an executor).
+
 >>> from checkpointers import Store
 >>> from checkpointers.backends.memory import MemoryBackend
 >>> store = Store(MemoryBackend()).for_user("alice")

@@ -257,12 +257,12 @@ def test_retried_write_that_had_applied_reports_success(postgres_backend: Postgr
     p = Partition("u", "items", "s")
     put = make_put("i/x", b"v", mode=Mode.CREATE)
     b.write(p, [put])  # the first attempt, whose reply was "lost"
-    result = b._run(lambda retried: _write_op(s, p, [put], [], True))
+    result = b._run(lambda retried: _write_op(s, p, [put], [], True, b._times()))
     assert result.conflict is None and result.records[0].etag == put.etag
     # without a retry it is a genuine conflict, and so is another writer's CREATE after a retry
     assert b.write(p, [put]).conflict is not None
     other = make_put("i/x", b"v", mode=Mode.CREATE)
-    assert b._run(lambda retried: _write_op(s, p, [other], [], True)).conflict is not None
+    assert b._run(lambda retried: _write_op(s, p, [other], [], True, b._times())).conflict is not None
 
 
 @pytest.mark.timeout(60)
@@ -403,7 +403,7 @@ def test_latest_and_list_use_indexes_and_read_a_bounded_part_of_history(
         _fill(_postgres_admin, s, Partition("u", "langgraph", f"o{other}").key, 200)
     _fill(_postgres_admin, s, p.key, 5000)
     _postgres_admin.execute(f"ANALYZE {s}.records; ANALYZE {s}.tags")
-    stmt = next(_list_op(s, p, query))
+    stmt = next(_list_op(s, p, query, time.time()))
     with b._sync_pool().connection() as conn:
         (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmt.sql, stmt.params).fetchone()  # type: ignore[misc]
     scans = list(_scans(plan[0]["Plan"]))
@@ -479,3 +479,34 @@ def test_drop_in_for_async_postgres_saver(postgres_schema_url: str, reference_ur
             assert state.values == expected[0]
 
     asyncio.run(main())
+
+
+def test_a_version_1_schema_gains_expiries_and_keeps_its_partitions_forever(postgres_url: str) -> None:
+    """Retention's migration (2) adds ``partitions.expires_at`` and a new ``write_batch``: rows written by
+    version 1 (through its own ``write_batch``) are NULL and never expire; writes with a ttl set one."""
+    from checkpointers.backends.postgres import MIGRATIONS
+
+    schema = f"cpm_{uuid.uuid4().hex[:10]}"
+    p = Partition("u", "items", "old")
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 1, one record written by it
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
+            for statement in MIGRATIONS[0]:
+                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
+            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1)")
+            conn.execute(
+                f"SELECT * FROM {schema}.write_batch(%s, %s, %s, ARRAY['a'], ARRAY['u'], ARRAY[NULL], ARRAY['e'], "
+                "ARRAY['d'], ARRAY['d'], ARRAY['{}'], ARRAY['\\x01'::bytea], ARRAY[0], '{}', '{}', '{}', '{}')",
+                (p.key, p.user_key, p.name.encode()),
+            )
+        later = time.time() + 3600  # an hour on: nothing written before the migration has expired
+        with PostgresBackend.from_url(with_query(postgres_url, schema=schema), ttl=10, clock=lambda: later) as b:
+            assert b.migrate() == 1
+            assert [r.name for r in b.list(p, ListQuery())] == ["a"]
+            assert b.expiry(p) is None and b.expired() == [] and b.sweep() == 0
+            assert b.write(p, [make_put("b", b"2")]).conflict is None
+            assert b.expiry(p) == pytest.approx(later + 10)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

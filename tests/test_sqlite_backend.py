@@ -1263,3 +1263,24 @@ def test_children_listing_is_one_statement_and_skips_names_that_only_extend_a_pi
         statements = _traced(sqlite_backend)
         assert sqlite_backend.list(P, query) == reference.list(P, query), query
         assert len(statements) == 1, statements
+
+
+def test_a_v3_file_gains_expiries_and_keeps_its_partitions_forever(tmp_path: Path) -> None:
+    """Retention's migration (v4) adds ``partitions.expires_at``: rows written before it are NULL, never expire."""
+    path = tmp_path / "v3.db"
+    put = make_put("n0", b"old")
+    with sqlite3.connect(path) as conn:  # a file left at schema version 3, one partition
+        for v in range(4):
+            conn.executescript(MIGRATIONS[v])
+            conn.execute("INSERT INTO schema_migrations (v) VALUES (?)", (v,))
+        conn.execute(
+            "INSERT INTO records VALUES (?, ?, 1, ?, ?, '{}', ?)", (P.key, put.name, put.etag, put.digest, put.value)
+        )
+        conn.execute("INSERT INTO partitions VALUES (?, ?, ?)", (P.key, P.user_key, P.name.encode()))
+    with SqliteBackend(path, ttl=10, clock=lambda: time.time() + 3600) as backend:  # an hour on: nothing expired
+        assert backend.expiry(P) is None and backend.expired() == []
+        assert [r.value for r in backend.list(P, ListQuery())] == [b"old"]
+        assert backend.sweep() == 0
+        backend.write(P, [make_put("n1", b"new")])  # a write with a ttl sets one
+        assert backend.expiry(P) == pytest.approx(time.time() + 3610, abs=5)
+    assert _versions(path) == list(range(len(MIGRATIONS)))

@@ -94,11 +94,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._names import Partition
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
-from . import url_flag
+from . import retention_options, url_flag
 from .base import (
     Backend,
     Conflict,
     Delete,
+    ExpiredPartition,
     ListQuery,
     Mode,
     Put,
@@ -107,6 +108,7 @@ from .base import (
     check_batch,
     content_digest,
     tags_json,
+    users_of,
 )
 from .ops import GetOp, ListOp, PartitionsOp
 
@@ -155,7 +157,7 @@ MIGRATIONS = _load_migrations()
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_URL_OPTIONS = ("schema", "min_size", "max_size", "timeout", "retry_attempts", "pipeline")
+_URL_OPTIONS = ("schema", "min_size", "max_size", "timeout", "retry_attempts", "pipeline", "ttl", "refresh_on_read")
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
 _COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
 _META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, ''::bytea AS value"
@@ -257,18 +259,25 @@ def _name_range(prefix: str) -> tuple[str, str | None] | None:
 # -- statements (pure) -----------------------------------------------------------------
 
 
-def _get_op(s: str, partition: Partition, names: Sequence[str]) -> _Op[builtins.list[Record | None]]:
+def _live(s: str) -> str:
+    """The term every read carries: the partition (its key, then the time: two parameters) has not expired."""
+    return f"NOT EXISTS (SELECT 1 FROM {s}.partitions AS e WHERE e.pkey = %s AND e.expires_at <= %s)"
+
+
+def _get_op(s: str, partition: Partition, names: Sequence[str], now: float) -> _Op[builtins.list[Record | None]]:
     if not names:
         return []
     rows = yield _Stmt(
-        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %s AND r.name = ANY (%s::text[])",
-        (partition.key, builtins.list(names)),
+        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %s AND r.name = ANY (%s::text[]) AND {_live(s)}",
+        (partition.key, builtins.list(names), partition.key, now),
     )
     found = {row[0]: _record(row) for row in rows}
     return [found.get(n) for n in names]
 
 
-def _write_params(partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> builtins.list[Any]:
+def _write_params(
+    partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete], times: tuple[float, float | None]
+) -> builtins.list[Any]:
     tag_keys: builtins.list[str] = []
     tag_values: builtins.list[str] = []
     for put in puts:
@@ -279,6 +288,7 @@ def _write_params(partition: Partition, puts: Sequence[Put], deletes: Sequence[D
         partition.key,
         partition.user_key,
         partition.name.encode("utf-8", "surrogatepass"),
+        *times,
         [p.name for p in puts],
         [_MODES[p.mode] for p in puts],
         [p.if_match for p in puts],
@@ -296,24 +306,30 @@ def _write_params(partition: Partition, puts: Sequence[Put], deletes: Sequence[D
 
 
 _WRITE_SQL = (
-    "SELECT st, i, name, seq, etag, digest, tags, value FROM {s}.write_batch(%s, %s, %s, "
+    "SELECT st, i, name, seq, etag, digest, tags, value FROM {s}.write_batch(%s, %s, %s, %s, %s, "
     "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], "
     "%s::int[], %s::text[], %s::text[], %s::text[], %s::text[])"
 )
 
 
 def _write_op(
-    s: str, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete], retried: bool
+    s: str,
+    partition: Partition,
+    puts: Sequence[Put],
+    deletes: Sequence[Delete],
+    retried: bool,
+    times: tuple[float, float | None],
 ) -> _Op[WriteResult]:
+    """One batch; ``times``: now and the expiry it sets (``None``: none), on the backend's clock."""
     check_batch(puts, deletes)
     if not puts and not deletes:
         return WriteResult(records=[])
-    rows = yield _Stmt(_WRITE_SQL.format(s=s), _write_params(partition, puts, deletes))
+    rows = yield _Stmt(_WRITE_SQL.format(s=s), _write_params(partition, puts, deletes, times))
     if rows and rows[0][0] == 1:
         _, index, name, seq, *_ = rows[0]
         if retried:  # an earlier attempt may have applied this batch before its reply was lost
             names = [p.name for p in puts] + [d.name for d in deletes]
-            stored = yield from _get_op(s, partition, names)
+            stored = yield from _get_op(s, partition, names, times[0])
             if _applied_before(puts, deletes, stored):
                 return WriteResult(records=[r for r in stored[: len(puts)] if r is not None])
         existing = None if seq is None else _record(rows[0][2:])
@@ -327,10 +343,12 @@ def _write_op(
     )
 
 
-def _list_where(alias: str, partition: Partition, query: ListQuery) -> tuple[builtins.list[str], builtins.list[Any]]:
-    """``WHERE`` terms on ``alias`` (records or tags rows) for partition, prefix, depth and range."""
-    where: builtins.list[str] = [f"{alias}.pkey = %s"]
-    params: builtins.list[Any] = [partition.key]
+def _list_where(
+    s: str, alias: str, partition: Partition, query: ListQuery, now: float
+) -> tuple[builtins.list[str], builtins.list[Any]]:
+    """``WHERE`` terms on ``alias`` (records or tags rows) for partition (live at ``now``), prefix, depth and range."""
+    where: builtins.list[str] = [f"{alias}.pkey = %s", _live(s)]
+    params: builtins.list[Any] = [partition.key, partition.key, now]
     bounds = _name_range(query.prefix)
     assert bounds is not None  # checked by the caller
     if query.prefix:
@@ -352,17 +370,17 @@ def _list_where(alias: str, partition: Partition, query: ListQuery) -> tuple[bui
     return where, params
 
 
-def _pick_sql(s: str, partition: Partition, query: ListQuery) -> tuple[str, builtins.list[Any]]:
+def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tuple[str, builtins.list[Any]]:
     """The ``SELECT`` of the records ``query`` selects, ordered and limited, every filter in SQL."""
     cols = _COLUMNS if query.values else _META_COLUMNS
     direction = "DESC" if query.descending else "ASC"
     if not query.tags:
-        where, params = _list_where("r", partition, query)
+        where, params = _list_where(s, "r", partition, query, now)
         sql = f"SELECT {cols} FROM {s}.records AS r WHERE {' AND '.join(where)} ORDER BY r.{query.order} {direction}"
     else:
         # walk the first tag's index in the query's order; the others are checked per row
         (k0, v0), *others = query.tags.items()
-        where, params = _list_where("t", partition, query)
+        where, params = _list_where(s, "t", partition, query, now)
         where += ["t.k = %s", "t.v = %s"]
         params += [_text(k0), _text(v0)]
         for k, v in others:
@@ -381,12 +399,12 @@ def _pick_sql(s: str, partition: Partition, query: ListQuery) -> tuple[str, buil
     return sql, params
 
 
-def _list_op(s: str, partition: Partition, query: ListQuery) -> _Op[builtins.list[Record]]:
+def _list_op(s: str, partition: Partition, query: ListQuery, now: float) -> _Op[builtins.list[Record]]:
     if query.order not in ("name", "seq"):
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
     if _name_range(query.prefix) is None or query.limit == 0:
         return []  # names are ASCII: nothing starts with this prefix
-    sql, params = _pick_sql(s, partition, query)
+    sql, params = _pick_sql(s, partition, query, now)
     if not query.children:
         picks = [_record(row) for row in (yield _Stmt(sql, params))]
         _check_tagged(query, picks)
@@ -424,9 +442,13 @@ def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
             raise CorruptItemError(rec.name, "the PostgreSQL tags table lists it under tags its own row does not carry")
 
 
-def _partitions_op(s: str, user: str, space: str) -> _Op[builtins.list[str]]:
+def _partitions_op(s: str, user: str, space: str, now: float) -> _Op[builtins.list[str]]:
     user_key = Partition(user, space, "").user_key
-    rows = yield _Stmt(f"SELECT p.pkey, p.name FROM {s}.partitions AS p WHERE p.user_key = %s", (user_key,))
+    rows = yield _Stmt(
+        f"SELECT p.pkey, p.name FROM {s}.partitions AS p WHERE p.user_key = %s "
+        "AND (p.expires_at IS NULL OR p.expires_at > %s)",
+        (user_key, now),
+    )
     names: builtins.list[str] = []
     for pkey, raw in rows:
         try:
@@ -437,6 +459,61 @@ def _partitions_op(s: str, user: str, space: str) -> _Op[builtins.list[str]]:
             raise CorruptItemError(str(pkey), "the PostgreSQL partitions row does not name the partition of its key")
         names.append(name)
     return sorted(names)
+
+
+def _sweep_op(s: str, now: float, limit: int) -> _Op[int]:
+    """Up to ``limit`` expired partitions deleted in one statement.
+
+    Rows a writer holds are skipped (``SKIP LOCKED``), and a locked row is
+    re-checked on its newest version: a write that refreshed the expiry
+    meanwhile keeps its partition.
+    """
+    rows = yield _Stmt(
+        f"WITH due AS (SELECT p.pkey FROM {s}.partitions AS p WHERE p.expires_at <= %s "
+        "ORDER BY p.expires_at LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"gone AS (DELETE FROM {s}.partitions AS p USING due WHERE p.pkey = due.pkey AND p.expires_at <= %s "
+        "RETURNING p.pkey), "
+        f"t AS (DELETE FROM {s}.tags AS t USING gone WHERE t.pkey = gone.pkey), "
+        f"r AS (DELETE FROM {s}.records AS r USING gone WHERE r.pkey = gone.pkey) "
+        "SELECT count(*) FROM gone",
+        (now, limit, now),
+    )
+    return int(rows[0][0])
+
+
+def _expired_op(s: str, now: float, limit: int) -> _Op[builtins.list[ExpiredPartition]]:
+    rows = yield _Stmt(
+        f"SELECT p.pkey, p.user_key, p.name, p.expires_at FROM {s}.partitions AS p WHERE p.expires_at <= %s "
+        "ORDER BY p.expires_at LIMIT %s",
+        (now, limit),
+    )
+    return [
+        ExpiredPartition(str(pk), str(uk), bytes(raw).decode("utf-8", "surrogatepass"), float(at))
+        for pk, uk, raw, at in rows
+    ]
+
+
+def _users_op(s: str, now: float, space: str | None) -> _Op[builtins.list[str]]:
+    rows = yield _Stmt(
+        f"SELECT DISTINCT p.user_key FROM {s}.partitions AS p WHERE p.expires_at IS NULL OR p.expires_at > %s",
+        (now,),
+    )
+    return users_of((str(r[0]) for r in rows), space)
+
+
+def _expiry_op(s: str, partition: Partition) -> _Op[float | None]:
+    rows = yield _Stmt(f"SELECT p.expires_at FROM {s}.partitions AS p WHERE p.pkey = %s", (partition.key,))
+    return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+
+def _refresh_op(s: str, partition: Partition, now: float, ttl: float) -> _Op[None]:
+    """Push a read partition's expiry back, if it is live and under half the ttl is left (one UPDATE)."""
+    yield _Stmt(
+        f"UPDATE {s}.partitions AS p SET expires_at = %s WHERE p.pkey = %s AND p.expires_at > %s "
+        "AND p.expires_at < %s",
+        (now + ttl, partition.key, now, now + ttl / 2),
+    )
+    return None
 
 
 def _drop_op(s: str, partition: Partition) -> _Op[int]:
@@ -518,7 +595,11 @@ class PostgresBackend(Backend):
         retry_attempts: int = 4,
         retry_backoff: float = 0.05,
         pipeline: bool = True,
+        ttl: float | None = None,
+        refresh_on_read: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self._set_retention(ttl, refresh_on_read, clock)
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(
                 f"schema must be 1-63 lowercase letters, digits or '_', not starting with a digit; got {schema!r}"
@@ -559,31 +640,85 @@ class PostgresBackend(Backend):
             ours["timeout"] = float(ours["timeout"])
         if "pipeline" in ours:
             ours["pipeline"] = url_flag("pipeline", ours["pipeline"])
+        ours.update(retention_options(ours))
         ours.update(options)
         return cls(urlunsplit(parts._replace(query=urlencode(libpq))), **ours)
 
     # -- the five operations: one line each, the statements are the functions above --
 
     def get(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
-        return self._run(lambda retried: _get_op(self.schema, partition, names))
+        found = self._run(lambda retried: _get_op(self.schema, partition, names, self.retention.now()))
+        self._read(partition)
+        return found
 
     def write(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
-        return self._run(lambda retried: _write_op(self.schema, partition, puts, deletes, retried))
+        result = self._run(lambda retried: _write_op(self.schema, partition, puts, deletes, retried, self._times()))
+        self._auto_sweep()
+        return result
 
     def partitions(self, user: str, space: str) -> builtins.list[str]:
-        return self._run(lambda retried: _partitions_op(self.schema, user, space))
+        return self._run(lambda retried: _partitions_op(self.schema, user, space, self.retention.now()))
+
+    def _times(self) -> tuple[float, float | None]:
+        """A write's now and the expiry it sets, on this backend's clock."""
+        now = self.retention.now()
+        return now, self.retention.deadline(now)
+
+    def _read(self, partition: Partition) -> None:
+        """After a read, with ``refresh_on_read``: one conditional UPDATE of the expiry."""
+        ttl = self.retention.ttl
+        if self.retention.refresh_on_read and ttl is not None:
+            self._run(lambda retried: _refresh_op(self.schema, partition, self.retention.now(), ttl))
+
+    async def _aread(self, partition: Partition) -> None:
+        """Async :meth:`_read`."""
+        ttl = self.retention.ttl
+        if self.retention.refresh_on_read and ttl is not None:
+            await self._arun(lambda retried: _refresh_op(self.schema, partition, self.retention.now(), ttl))
+
+    # -- retention (see .base) -----------------------------------------------------------
+
+    def sweep(self, limit: int = 1000) -> int:
+        return self._run(lambda retried: _sweep_op(self.schema, self.retention.now(), limit))
+
+    async def asweep(self, limit: int = 1000) -> int:
+        return await self._arun(lambda retried: _sweep_op(self.schema, self.retention.now(), limit))
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return self._run(lambda retried: _expired_op(self.schema, self.retention.now(), limit))
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return await self._arun(lambda retried: _expired_op(self.schema, self.retention.now(), limit))
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        return self._run(lambda retried: _users_op(self.schema, self.retention.now(), space))
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        return await self._arun(lambda retried: _users_op(self.schema, self.retention.now(), space))
+
+    def expiry(self, partition: Partition) -> float | None:
+        return self._run(lambda retried: _expiry_op(self.schema, partition))
+
+    async def aexpiry(self, partition: Partition) -> float | None:
+        return await self._arun(lambda retried: _expiry_op(self.schema, partition))
 
     def drop(self, partition: Partition) -> int:
         return self._run(lambda retried: _drop_op(self.schema, partition))
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
-        return await self._arun(lambda retried: _get_op(self.schema, partition, names))
+        found = await self._arun(lambda retried: _get_op(self.schema, partition, names, self.retention.now()))
+        await self._aread(partition)
+        return found
 
     async def awrite(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> WriteResult:
-        return await self._arun(lambda retried: _write_op(self.schema, partition, puts, deletes, retried))
+        result = await self._arun(
+            lambda retried: _write_op(self.schema, partition, puts, deletes, retried, self._times())
+        )
+        await self._aauto_sweep()
+        return result
 
     async def apartitions(self, user: str, space: str) -> builtins.list[str]:
-        return await self._arun(lambda retried: _partitions_op(self.schema, user, space))
+        return await self._arun(lambda retried: _partitions_op(self.schema, user, space, self.retention.now()))
 
     async def adrop(self, partition: Partition) -> int:
         return await self._arun(lambda retried: _drop_op(self.schema, partition))
@@ -687,12 +822,13 @@ class PostgresBackend(Backend):
             return None
         out: builtins.list[_Op[Any]] = []
         for op in ops:
+            now = self.retention.now()
             if isinstance(op, GetOp):
-                out.append(_get_op(self.schema, op.partition, op.names))
+                out.append(_get_op(self.schema, op.partition, op.names, now))
             elif isinstance(op, ListOp):
-                out.append(_list_op(self.schema, op.partition, op.query))
+                out.append(_list_op(self.schema, op.partition, op.query, now))
             else:
-                out.append(_partitions_op(self.schema, op.user, op.space))
+                out.append(_partitions_op(self.schema, op.user, op.space, now))
         return out
 
     def many(self, ops: Sequence[Any]) -> builtins.list[Any]:
@@ -732,10 +868,14 @@ class PostgresBackend(Backend):
     # (list and alist come last: below them, ``list`` in this class body names the method)
 
     def list(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
-        return self._run(lambda retried: _list_op(self.schema, partition, query))
+        found = self._run(lambda retried: _list_op(self.schema, partition, query, self.retention.now()))
+        self._read(partition)
+        return found
 
     async def alist(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
-        return await self._arun(lambda retried: _list_op(self.schema, partition, query))
+        found = await self._arun(lambda retried: _list_op(self.schema, partition, query, self.retention.now()))
+        await self._aread(partition)
+        return found
 
 
 # -- the async face's connections ------------------------------------------------------------

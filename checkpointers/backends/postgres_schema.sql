@@ -146,3 +146,105 @@ BEGIN
     RETURN c;
 END
 $fn$
+
+;;
+-- migration 2: retention. A partition's expiry (seconds since the epoch on
+-- the writer's clock; NULL: never), set by write_batch under the partition's
+-- lock (a write to an expired partition first deletes what it held); an index
+-- for the sweep. Existing rows keep NULL: nothing of theirs expires.
+ALTER TABLE @schema.partitions ADD COLUMN expires_at double precision
+;;
+CREATE INDEX partitions_expiry ON @schema.partitions (expires_at) WHERE expires_at IS NOT NULL
+;;
+DROP FUNCTION @schema.write_batch(
+    text, text, bytea, text[], text[], text[], text[], text[], text[], text[], bytea[], int[], text[], text[], text[],
+    text[]
+)
+;;
+CREATE FUNCTION @schema.write_batch(
+    p_pkey text, p_user_key text, p_name bytea, p_now double precision, p_deadline double precision,
+    n text[], m text[], im text[], et text[], dg text[], cd text[], tg text[], vl bytea[], tc int[],
+    tk text[], tv text[], dn text[], di text[]
+) RETURNS TABLE (st int, i int, name text, seq bigint, etag text, digest text, tags text, value bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    np int := coalesce(array_length(n, 1), 0);
+    nd int := coalesce(array_length(dn, 1), 0);
+    hit boolean[] := array_fill(false, ARRAY[np + 1]);
+    cur_etag text;
+    cur_digest text;
+    s bigint;
+    off int := 0;
+    cur_exp double precision;
+    held boolean := false;
+BEGIN
+    LOOP
+        SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
+        held := FOUND;
+        EXIT WHEN FOUND OR np = 0;
+        INSERT INTO @schema.partitions AS p (pkey, user_key, name, expires_at)
+            VALUES (p_pkey, p_user_key, p_name, p_deadline)
+            ON CONFLICT (pkey) DO NOTHING;
+    END LOOP;
+    IF cur_exp <= p_now THEN  -- expired, not yet swept: old data never comes back
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        SELECT r.etag, r.digest INTO cur_etag, cur_digest
+            FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        hit[x] := FOUND;
+        IF (m[x] = 'c' AND hit[x])
+           OR (m[x] = 'i' AND (NOT hit[x] OR cur_etag IS DISTINCT FROM im[x]))
+           OR (m[x] = 'a' AND hit[x] AND split_part(cur_digest, '.', 1) <> cd[x]) THEN
+            RETURN QUERY SELECT 1, x - 1, n[x], r.seq, r.etag, r.digest, r.tags, r.value
+                FROM (SELECT 1) AS one
+                LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = n[x];
+            RETURN;
+        END IF;
+    END LOOP;
+    FOR x IN 1..nd LOOP
+        CONTINUE WHEN di[x] IS NULL;
+        SELECT r.etag INTO cur_etag FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = dn[x];
+        IF NOT FOUND OR cur_etag IS DISTINCT FROM di[x] THEN
+            RETURN QUERY SELECT 1, np + x - 1, dn[x], r.seq, r.etag, r.digest, r.tags, r.value
+                FROM (SELECT 1) AS one
+                LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = dn[x];
+            RETURN;
+        END IF;
+    END LOOP;
+    -- the batch passed its checks: it sets the expiry (a refused one changes nothing)
+    IF held AND cur_exp IS DISTINCT FROM p_deadline THEN
+        UPDATE @schema.partitions AS p SET expires_at = p_deadline WHERE p.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        IF m[x] = 'a' AND hit[x] THEN
+            RETURN QUERY SELECT 2, x - 1, r.name, r.seq, r.etag, r.digest, r.tags, r.value
+                FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        ELSE
+            s := nextval('@schema.seq');
+            INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                VALUES (p_pkey, n[x], s, et[x], dg[x], tg[x], vl[x])
+                ON CONFLICT ON CONSTRAINT records_pkey DO UPDATE SET seq = EXCLUDED.seq, etag = EXCLUDED.etag,
+                    digest = EXCLUDED.digest, tags = EXCLUDED.tags, value = EXCLUDED.value;
+            IF hit[x] THEN
+                DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = n[x];
+            END IF;
+            IF tc[x] > 0 THEN
+                INSERT INTO @schema.tags (pkey, name, k, v, seq)
+                    SELECT p_pkey, n[x], tk[j], tv[j], s FROM generate_series(off + 1, off + tc[x]) AS j;
+            END IF;
+            RETURN QUERY SELECT 0, x - 1, NULL::text, s, NULL::text, NULL::text, NULL::text, NULL::bytea;
+        END IF;
+        off := off + tc[x];
+    END LOOP;
+    IF nd > 0 THEN
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = ANY (dn);
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (dn);
+        IF NOT EXISTS (SELECT 1 FROM @schema.records AS r WHERE r.pkey = p_pkey) THEN
+            DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        END IF;
+    END IF;
+END
+$fn$

@@ -25,9 +25,11 @@ needs the superstep, the message or the item in ``name``.
 
 The records live in the storage's partition (one per user, beside the
 checkpoints, under ``fx/``), keyed by (run id, executor id, name), and are
-fenced by the run's lease record (``lease/<run id>``): pass that run's
-:class:`~checkpointers.leases.Lease` as ``lease=``; without one, an effect of
-a run whose lease another owner holds is refused with ``LeaseHeldError``.
+fenced by the run's lease record (``lease/<run id>``): inside
+``storage.lease(run_id, ...)`` with that lease (its owner and token go in the
+intent), or with the :class:`~checkpointers.leases.Lease` passed as
+``lease=``; without one, an effect of a run whose lease another owner holds
+is refused with ``LeaseHeldError``.
 Every rule of :mod:`checkpointers.effects` applies (the unknown outcome,
 ``reconcile=``, ``retry_safe=``, append-only outcomes, ``with`` and
 ``async with``).
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from checkpointers.effects import EffectBlock, Journal, Reconcile
 from checkpointers.errors import InvalidNameError
-from checkpointers.leases import Lease, listed_site
+from checkpointers.leases import Lease, LeaseSite, listed_site
 
 if TYPE_CHECKING:
     from .agent_framework import IsolatedCheckpointStorage
@@ -70,6 +72,13 @@ def run_journal(storage: IsolatedCheckpointStorage, run_id: str) -> Journal:
     )  # fmt: skip
 
 
+def _held(storage: IsolatedCheckpointStorage, site: LeaseSite) -> Lease | None:
+    """The lease ``storage`` holds on this run in a ``storage.lease(run_id, ...)`` block, if any."""
+    registry = getattr(storage, "leases", None)
+    held = None if registry is None else registry.held(site.partition)
+    return held.lease if held is not None and held.site.name == site.name else None
+
+
 def storage_effect(
     storage: IsolatedCheckpointStorage,
     run_id: str,
@@ -89,4 +98,5 @@ def storage_effect(
     """
     parts = (_text("executor id", executor_id), _text("effect name", name))
     journal = run_journal(storage, run_id)
+    lease = lease if lease is not None else _held(storage, journal.site)
     return journal.effect(parts, lease=lease, owner=owner, reconcile=reconcile, retry_safe=retry_safe)

@@ -421,6 +421,30 @@ async def test_a_stale_run_holder_is_refused(backend: Backend) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("backend_name", ["sqlite"])
+async def test_effects_inside_a_run_lease_block(backend: Backend) -> None:
+    """Inside ``storage.lease(run_id)`` the run's effects are fenced by it; after a takeover, refused."""
+    clock, user = Clock(), f"u-{uuid.uuid4().hex[:6]}"
+    a = IsolatedCheckpointStorage(backend, user=user, clock=clock)
+    b = IsolatedCheckpointStorage(backend, user=user, clock=clock)
+    with pytest.raises(LeaseLostError):  # a's release at the end: b has the run
+        async with a.lease("r1", owner="worker-a", ttl=10) as held_a:
+            async with a.effect("r1", "pay", "charge") as fx:
+                assert (fx.intent.owner, fx.intent.lease_token) == ("worker-a", held_a.token)
+                await fx.arecord("a")
+            async with a.effect("r2", "pay", "charge") as other:  # another run: not under r1's lease
+                assert other.intent.lease_token is None
+            clock.now += 11
+            async with b.lease("r1", owner="worker-b", ttl=10) as held_b:
+                with pytest.raises(LeaseLostError):
+                    async with a.effect("r1", "pay", "refund"):
+                        pytest.fail("a stale holder must not get into the block")
+                async with b.effect("r1", "pay", "refund") as fx2:
+                    assert fx2.intent.lease_token == held_b.token > held_a.token
+                    await fx2.arecord("b")
+    assert [e.intent.owner for e in await run_journal(b, "r1").alist()] == ["worker-a", "worker-b"]
+
+
 def test_storage_effect_refuses_bad_names(memory_backend: Backend) -> None:
     storage = IsolatedCheckpointStorage(memory_backend, user="u")
     for args in (("", "x", "n"), ("r", "", "n"), ("r", "x", ""), ("r", None, "n")):

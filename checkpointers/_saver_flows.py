@@ -349,9 +349,12 @@ def matches(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
 # -- records ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A decoded checkpoint record (channel values not loaded yet)."""
+class CheckpointRecord(NamedTuple):
+    """A decoded checkpoint record (channel values not loaded yet).
+
+    A NamedTuple, as :class:`LoadedCheckpoint`: one is built per checkpoint
+    read, and a tuple is cheaper to build than a frozen dataclass.
+    """
 
     name: str
     ns: str
@@ -364,8 +367,7 @@ class CheckpointRecord:
     format: int = _FORMAT
 
 
-@dataclass(frozen=True)
-class LoadedCheckpoint:
+class LoadedCheckpoint(NamedTuple):
     """A checkpoint with its channel values and pending writes, ready to return."""
 
     thread: str

@@ -278,6 +278,14 @@ class Store:
     ``unleased="refuse"`` (default) refuses a write without ``lease=`` to a
     scope another owner holds (:class:`LeaseHeldError`), at the cost of one
     read of the lease record per write; ``"allow"`` skips that read.
+
+    Retention is the backend's, not the store's: a scope expires ``ttl``
+    seconds after its last write when the backend was opened with a ttl
+    (``Store(open_backend("sqlite:///s.db?ttl=86400"))``, or
+    ``SqliteBackend(path, ttl=..., refresh_on_read=...)``); an expired scope
+    reads as empty and its next write starts afresh. See
+    :class:`~checkpointers.backends.base.Retention`. (The lease clock above
+    is separate: it dates leases, not expiries.)
     """
 
     def __init__(

@@ -314,11 +314,11 @@ def test_real_time_short_ttl(backend: Backend) -> None:
 
 
 def test_real_time_refresh_on_read(backend: Backend) -> None:
-    backend.set_retention(ttl=1.0, refresh_on_read=True)
+    backend.set_retention(ttl=0.6, refresh_on_read=True)
     part = _part()
     _fill(backend, part, "a")
-    for _ in range(3):  # 1.8 s in all, reads past half the ttl keep it alive
-        time.sleep(0.6)
+    for _ in range(3):  # 1.2 s in all, reads past half the ttl keep it alive
+        time.sleep(0.4)
         assert backend.get(part, ["a"])[0] is not None
-    time.sleep(1.2)
+    time.sleep(0.8)
     assert backend.get(part, ["a"]) == [None]

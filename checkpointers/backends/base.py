@@ -491,6 +491,19 @@ def split_user_key(user_key: str) -> tuple[str | None, str | None]:
     return decode_component(user), decode_component(rest.rstrip("/"))
 
 
+def read_partitions(ops: Iterable[Any]) -> builtins.list[Partition]:
+    """The distinct partitions the reads (gets and listings) among ``ops`` touch, in first-seen order.
+
+    For ``refresh_on_read`` after a batched read (:meth:`Backend.many`).
+    """
+    seen: dict[str, Partition] = {}
+    for op in ops:
+        partition = getattr(op, "partition", None)
+        if isinstance(partition, Partition) and (hasattr(op, "names") or hasattr(op, "query")):
+            seen.setdefault(partition.key, partition)
+    return builtins.list(seen.values())
+
+
 def users_of(user_keys: Iterable[str], space: str | None) -> builtins.list[str]:
     """The sorted, distinct users of these user keys, in ``space`` (``None``: any).
 

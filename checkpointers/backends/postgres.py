@@ -107,6 +107,7 @@ from .base import (
     WriteResult,
     check_batch,
     content_digest,
+    read_partitions,
     tags_json,
     users_of,
 )
@@ -835,13 +836,19 @@ class PostgresBackend(Backend):
         """Independent reads in one psycopg pipeline (one round trip); anything else one by one."""
         if self._reads(ops) is None:
             return super().many(ops)
-        return self._run(lambda retried: _parallel(self._reads(ops) or []))
+        results = self._run(lambda retried: _parallel(self._reads(ops) or []))
+        for partition in read_partitions(ops) if self.retention.refresh_on_read else ():
+            self._read(partition)
+        return results
 
     async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
         """Async :meth:`many`: reads pipelined, anything else concurrently."""
         if self._reads(ops) is None:
             return await super().amany(ops)
-        return await self._arun(lambda retried: _parallel(self._reads(ops) or []))
+        results = await self._arun(lambda retried: _parallel(self._reads(ops) or []))
+        for partition in read_partitions(ops) if self.retention.refresh_on_read else ():
+            await self._aread(partition)
+        return results
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from .base import (
     WriteResult,
     check_batch,
     content_digest,
+    read_partitions,
     tags_json,
     users_of,
 )
@@ -807,11 +808,17 @@ class RedisBackend(Backend):
 
     def many(self, ops: Sequence[Any]) -> list[Any]:
         """Independent operations in one pipeline per round trip (one for reads)."""
-        return run(self._parallel_op([self._op_of(op) for op in ops]), self)
+        results: list[Any] = run(self._parallel_op([self._op_of(op) for op in ops]), self)
+        for partition in read_partitions(ops) if self.retention.refresh_on_read else ():
+            run(self._refresh_op(partition), self)
+        return results
 
     async def amany(self, ops: Sequence[Any]) -> list[Any]:
         """Async :meth:`many`."""
-        return await arun(self._parallel_op([self._op_of(op) for op in ops]), self)
+        results: list[Any] = await arun(self._parallel_op([self._op_of(op) for op in ops]), self)
+        for partition in read_partitions(ops) if self.retention.refresh_on_read else ():
+            await arun(self._refresh_op(partition), self)
+        return results
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         """Records by name, one ``HMGET``."""
@@ -835,9 +842,22 @@ class RedisBackend(Backend):
 
     # -- retention: native expiry; these collect the registry entries it leaves --
 
+    def _auto_sweep(self) -> None:
+        """Writes never sweep on Redis: the server deletes expired data itself, and finding the
+        registry entries it leaves takes a ``SCAN`` of the whole database, too costly per write
+        interval; ``partitions`` drops the entries it meets, ``gc`` (:meth:`sweep`) the rest."""
+
+    async def _aauto_sweep(self) -> None:
+        """Async :meth:`_auto_sweep` (nothing)."""
+
     def _read_op(self, op: _RoundTrips, partition: Partition) -> _RoundTrips:
         """``op``, then with ``refresh_on_read``: its keys' expiry pushed back when under half the ttl is left."""
         found = yield from op
+        yield from self._refresh_op(partition)
+        return found
+
+    def _refresh_op(self, partition: Partition) -> _RoundTrips:
+        """With ``refresh_on_read``: one ``PTTL``, and under half the ttl left the keys' ``PEXPIRE``."""
         if self.retention.refresh_on_read and self._ttl_ms:
             keys = self._keys(partition)
             reply = yield _RoundTrip([("PTTL", keys[1])])
@@ -845,7 +865,6 @@ class RedisBackend(Backend):
                 registry = self._registry(partition.user_key)
                 refresh: list[Command] = [("PEXPIRE", k, self._ttl_ms, "XX") for k in keys]
                 yield _RoundTrip([*refresh, ("PEXPIRE", registry, self._ttl_ms)])
-        return found
 
     def _registries(self) -> builtins.list[tuple[str, str]]:
         """Every user registry key with its user key (a ``SCAN``: tooling, linear in the keys of the prefix)."""

@@ -167,6 +167,7 @@ from .base import (
     WriteResult,
     check_batch,
     evaluate,
+    read_partitions,
     tags_json,
     users_of,
 )
@@ -1561,7 +1562,11 @@ class SqliteBackend(Backend):
         Anything else runs one by one (:meth:`Backend.many`).
         """
         if len(ops) > 1 and all(isinstance(op, (GetOp, ListOp)) for op in ops):
-            return self._run(_many_reads, tuple(ops))
+            results = self._run(_many_reads, tuple(ops))
+            if self.retention.refresh_on_read:
+                for partition in read_partitions(ops):
+                    self._read(partition)
+            return results
         return super().many(ops)
 
     async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:

@@ -6,10 +6,6 @@ process that resumes from a store URL (``tests/test_sigkill.py``)::
 
     python -m tests.graph_apps sigkill --url sqlite:///... --dir D --thread T --user U
 
-``python -m tests.graph_apps lease ...`` runs the relay graph under a thread
-lease (``saver.lease``) for the lease tests and the fleet demo: exit 0 when
-it finished, 3 on ``LeaseLostError``, 4 on ``LeaseHeldError``.
-
 The SIGKILL graph's side effects are counted in files of ``--dir``: one line
 per node execution, so a test can tell which nodes ran again after a crash.
 """
@@ -17,7 +13,6 @@ per node execution, so a test can tell which nodes ran again after a crash.
 from __future__ import annotations
 
 import argparse
-import json
 import operator
 import os
 import signal
@@ -32,7 +27,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send, interrupt
 from typing_extensions import TypedDict
 
-from checkpointers.errors import LeaseHeldError, LeaseLostError
+from checkpointers.fleet_demo import looping_graph
 from checkpointers.savers import Checkpointer
 
 __all__ = [
@@ -42,8 +37,6 @@ __all__ = [
     "nested_graph",
     "open_saver",
     "read_count",
-    "relay_graph",
-    "run_relay",
     "sigkill_graph",
 ]
 
@@ -67,20 +60,7 @@ def loop_graph(checkpointer: BaseCheckpointSaver[Any], limit: int = 5) -> Compil
     def step(state: LoopState) -> dict[str, Any]:
         return {"count": state["count"] + 1, "trail": [state["count"]]}
 
-    return _looping(LoopState, step, limit, checkpointer)
-
-
-def _looping(state: type[Any], step: Any, limit: int, checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph:
-    """A graph running ``step`` until the state's ``count`` reaches ``limit``, one superstep each."""
-
-    def route(values: Any) -> str:
-        return "step" if values["count"] < limit else END
-
-    builder = StateGraph(state)
-    builder.add_node("step", step)
-    builder.add_edge(START, "step")
-    builder.add_conditional_edges("step", route, ["step", END])
-    return builder.compile(checkpointer=checkpointer)
+    return looping_graph(LoopState, step, limit, checkpointer)
 
 
 # --- interrupt() then Command(resume=...) --------------------------------------
@@ -277,76 +257,6 @@ def sigkill_graph(
     return builder.compile(checkpointer=checkpointer)
 
 
-# --- the relay: one step per superstep, under a lease ------------------------
-
-
-class RelayState(TypedDict):
-    count: int
-    trail: Annotated[list[list[Any]], operator.add]
-
-
-def relay_graph(
-    checkpointer: BaseCheckpointSaver[Any], directory: Path, owner: str, steps: int, pause_at: int = 0
-) -> CompiledStateGraph:
-    """``step`` runs ``steps`` times; each run appends ``[owner, n]`` and logs ``owner n`` to ``directory/exec``.
-
-    At step ``pause_at`` (1-based; 0: never) it touches ``directory/at-<n>``
-    and sleeps 0.5 s before returning, so a test can SIGSTOP or SIGKILL the
-    process in the middle of that step (its writes not yet saved).
-    """
-
-    def step(state: RelayState) -> dict[str, Any]:
-        n = state["count"] + 1
-        with open(directory / "exec", "a") as f:
-            f.write(f"{owner} {n}\n")
-        if n == pause_at:
-            (directory / f"at-{n}").touch()
-            time.sleep(0.5)
-        return {"count": n, "trail": [[owner, n]]}
-
-    return _looping(RelayState, step, steps, checkpointer)
-
-
-def run_relay(
-    saver: Checkpointer, directory: Path, thread: str, owner: str, ttl: float, steps: int, pause_at: int = 0
-) -> dict[str, Any]:
-    """Run (or resume) the relay on ``thread`` under ``saver.lease``; what happened, as a dict.
-
-    ``status`` is ``done`` (with ``trail``), ``lost`` or ``held``; ``token`` is
-    the fencing token this run held (None if it never got the lease).
-    """
-    graph = relay_graph(saver, directory, owner, steps, pause_at)
-    config: RunnableConfig = {"configurable": {"thread_id": thread}}
-    token = None
-    try:
-        with saver.lease(thread, owner=owner, ttl=ttl) as held:
-            token = held.token
-            (directory / f"holding-{owner}").write_text(str(token))
-            started = graph.get_state(config).values
-            out = graph.invoke(None if started else {"count": 0, "trail": []}, config, durability="sync")
-    except LeaseLostError as exc:
-        return {"status": "lost", "owner": owner, "token": token, "error": str(exc)}
-    except LeaseHeldError as exc:
-        return {"status": "held", "owner": owner, "token": token, "error": str(exc)}
-    return {"status": "done", "owner": owner, "token": token, "trail": out["trail"]}
-
-
-def _relay_main(args: argparse.Namespace) -> None:
-    saver = open_saver(args.url).for_user(args.user)
-    if args.go:  # start line: wait until the test lets every worker go at once
-        (args.dir / f"ready-{args.owner}").touch()
-        while not (args.dir / "go").exists():
-            time.sleep(0.005)
-    if args.recover:  # a fresh worker: take the thread only if the scan lists it as abandoned
-        found = [info.scope for info in saver.expired_leases()]
-        if args.thread not in found:
-            print(json.dumps({"status": "not-expired", "expired": found}), flush=True)
-            raise SystemExit(5)
-    result = run_relay(saver, args.dir, args.thread, args.owner, args.ttl, args.steps, args.pause_at)
-    print(json.dumps(result), flush=True)
-    raise SystemExit({"done": 0, "lost": 3, "held": 4}[result["status"]])
-
-
 def _main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.graph_apps")
     sub = parser.add_subparsers(dest="app", required=True)
@@ -357,21 +267,7 @@ def _main(argv: list[str] | None = None) -> None:
     kill.add_argument("--user", required=True)
     kill.add_argument("--durability", default="async", choices=["sync", "async"])
     kill.add_argument("--resume", action="store_true")
-    relay = sub.add_parser("lease", help="run (or resume) the relay graph under a thread lease")
-    relay.add_argument("--url", required=True)
-    relay.add_argument("--dir", required=True, type=Path)
-    relay.add_argument("--thread", required=True)
-    relay.add_argument("--user", required=True)
-    relay.add_argument("--owner", required=True)
-    relay.add_argument("--ttl", type=float, default=2.0)
-    relay.add_argument("--steps", type=int, default=5)
-    relay.add_argument("--pause-at", type=int, default=0)
-    relay.add_argument("--go", action="store_true", help="wait for DIR/go before taking the lease")
-    relay.add_argument("--recover", action="store_true", help="run only if expired_leases() lists the thread")
     args = parser.parse_args(argv)
-    if args.app == "lease":
-        _relay_main(args)
-        return
 
     saver = open_saver(args.url)
     graph = sigkill_graph(saver, args.dir, args.url)

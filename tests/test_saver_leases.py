@@ -2,8 +2,8 @@
 
 In-process tests use real compiled graphs over real backends and an
 injectable clock (:class:`tests.lease_helpers.FakeClock`) to expire leases
-without waiting. The cross-process tests run ``python -m tests.graph_apps
-lease`` workers (the relay graph, one step per superstep) against one store:
+without waiting. The cross-process tests run ``python -m checkpointers.fleet_demo
+worker`` processes (the relay graph, one step per superstep) against one store:
 SIGSTOP of a holder past its ttl, two workers started at once, kill -9 of
 the holder and recovery by a fresh process.
 """
@@ -11,16 +11,12 @@ the holder and recovery by a fresh process.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +25,17 @@ import pytest
 from checkpointers import LeaseHeldError, LeaseLostError
 from checkpointers._flows import run
 from checkpointers.backends import Backend
+from checkpointers.fleet_demo import finish, relay_graph, spawn, wait_for
 from checkpointers.leases import LeaseSite, read_flow
 from checkpointers.savers import Checkpointer, MemoryCheckpointer
-from tests.graph_apps import loop_graph, open_saver, relay_graph
+from tests.graph_apps import loop_graph, open_saver
 from tests.lease_helpers import FakeClock
 from tests.test_sigkill import store_url
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The SIGSTOP test runs on four cross-process backends (PostgreSQL under --deep), the others on SQLite
+#: The SIGSTOP test runs on SQLite and S3 over HTTP (Redis, PostgreSQL under --deep), the others on SQLite
 #: (Redis too under --deep): a worker process starts in 2-3 s on this machine.
 DEEP = pytest.mark.deep
-
-
-def wait_for(check: Callable[[], object], what: str, timeout: float = 60.0) -> Any:
-    """Poll ``check`` until it returns something truthy (a deadline, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return found
 
 
 def cfg(thread: str) -> Any:
@@ -223,21 +210,6 @@ def test_retention_options_reach_the_backend() -> None:
 # -- across processes ---------------------------------------------------------------
 
 
-def spawn(url: str, d: Path, thread: str, owner: str, *extra: str, steps: int = 5) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable, "-m", "tests.graph_apps", "lease", "--url", url, "--dir", str(d),
-        "--thread", thread, "--user", "fleet", "--owner", owner, "--steps", str(steps), *extra,
-    ]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any]]:
-    out, err = proc.communicate(timeout=120)
-    lines = out.strip().splitlines()
-    assert lines, f"worker printed nothing (rc {proc.returncode}): {err[-2000:]}"
-    return proc.returncode, json.loads(lines[-1])
-
-
 def executions(d: Path) -> list[str]:
     return (d / "exec").read_text().splitlines()
 
@@ -250,7 +222,9 @@ def fleet(backend: Backend, request: pytest.FixtureRequest, tmp_path: Path) -> I
     saver.close()
 
 
-@pytest.mark.parametrize("backend_name", ["sqlite", "redis", "s3_http", pytest.param("postgres", marks=DEEP)])
+@pytest.mark.parametrize(
+    "backend_name", ["sqlite", "s3_http", pytest.param("redis", marks=DEEP), pytest.param("postgres", marks=DEEP)]
+)
 def test_sigstop_holder_is_fenced_after_takeover(fleet: tuple[str, Checkpointer], tmp_path: Path) -> None:
     url, saver = fleet
     thread = f"t-{uuid.uuid4().hex[:8]}"

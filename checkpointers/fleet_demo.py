@@ -270,7 +270,10 @@ def report(results: list[dict[str, Any]]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m checkpointers demo --fleet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m checkpointers demo --fleet",
+        description="One writer per thread: two workers race for a crashed and for a paused holder's thread.",
+    )
     parser.add_argument("--url", help="store URL (default: a SQLite file in a temporary directory)")
     parser.add_argument("--ttl", type=float, default=2.0, help="lease ttl in seconds")
     parser.add_argument("--steps", type=int, default=5, help="steps of the relay graph")

@@ -201,10 +201,21 @@ def test_one_lease_block_per_thread_per_saver() -> None:
             pass
 
 
-def test_retention_options_reach_the_backend() -> None:
-    saver = MemoryCheckpointer(ttl=3600, refresh_on_read=True)
-    assert saver.backend.retention is not None
-    assert (saver.backend.retention.ttl, saver.backend.retention.refresh_on_read) == (3600, True)
+def test_retention_options_reach_the_backend(tmp_path: Path, redis_url: str) -> None:
+    from checkpointers.savers import RedisCheckpointer, SqliteCheckpointer
+
+    made = [
+        MemoryCheckpointer(ttl=3600, refresh_on_read=True),
+        SqliteCheckpointer(tmp_path / "r.db", ttl=3600, refresh_on_read=True, user="u"),
+        RedisCheckpointer(redis_url, ttl=3600, refresh_on_read=True, prefix=f"t-{uuid.uuid4().hex[:8]}"),
+        Checkpointer.from_url(f"sqlite:///{tmp_path}/u.db", ttl=3600, refresh_on_read=True),
+    ]
+    for saver in made:
+        retention = saver.backend.retention
+        assert (retention.ttl, retention.refresh_on_read) == (3600, True), saver
+        saver.close()
+    assert made[1].user == "u"  # the saver's own options still reach the saver
+    assert MemoryCheckpointer().backend.retention.ttl is None
 
 
 # -- across processes ---------------------------------------------------------------

@@ -38,7 +38,10 @@ class PostgresCheckpointer(Checkpointer):
     Keywords ``user``, ``require_user``, ``serde``, ``max_item_bytes`` (and the
     saver's other options) go to the saver, the others to
     :class:`~checkpointers.backends.postgres.PostgresBackend` (``schema``,
-    ``min_size``, ``max_size``, ``timeout``, ``retry_attempts``, ``pipeline``).
+    ``min_size``, ``max_size``, ``timeout``, ``retry_attempts``, ``pipeline``,
+    and retention: ``ttl``, ``refresh_on_read``). Thread leases
+    (:meth:`~checkpointers.savers.Checkpointer.lease`) work as on every backend:
+    the fence is checked in the write's own transaction.
     """
 
     backend: PostgresBackend

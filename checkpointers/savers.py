@@ -33,6 +33,16 @@ user: bind a view per user to manage their threads. LangGraph's
 ``get_state(subgraphs=True)`` reads subgraph checkpoints with configs that
 carry only ``thread_id`` and ``checkpoint_ns``: compile with a bound view, or
 wrap the call in ``with saver.acting_for(user_id):``.
+
+**One writer per thread.** ``with saver.lease(thread_id, owner=..., ttl=...)``
+(or ``async with``) holds the thread's lease (:mod:`checkpointers.leases`)
+while a worker runs it: a second worker gets ``LeaseHeldError`` before any
+node runs, and a worker that was paused past its ttl and taken over gets
+``LeaseLostError`` on its next write, which lands nothing (the check is in the
+write's own atomic backend operation). ``saver.expired_leases()`` lists the
+user's abandoned threads for recovery. Writes outside a lease block to a
+thread another worker holds are refused (``unleased="refuse"``, one read per
+write; ``"allow"`` skips it). See :mod:`checkpointers._saver_leases`.
 """
 
 from __future__ import annotations
@@ -737,7 +747,10 @@ class Checkpointer(BaseCheckpointSaver[str]):
 
 
 class MemoryCheckpointer(Checkpointer):
-    """A checkpointer over an in-process :class:`MemoryBackend` (tests, quick starts)."""
+    """A checkpointer over an in-process :class:`MemoryBackend` (tests, quick starts).
+
+    The saver's keywords go to the saver, the others (``ttl``, ``refresh_on_read``) to the backend.
+    """
 
     def __init__(self, **options: Any) -> None:
         saver, backend_options = _split(options)
@@ -749,6 +762,9 @@ class SqliteCheckpointer(Checkpointer):
 
     ``SqliteCheckpointer.from_conn_string(path)`` works like LangGraph's
     ``SqliteSaver.from_conn_string``, with both ``with`` and ``async with``.
+    The saver's keywords go to the saver, the others (``ttl``,
+    ``refresh_on_read``, ``timeout``, ...) to
+    :class:`~checkpointers.backends.sqlite.SqliteBackend`.
     """
 
     def __init__(self, path: str | Path, **options: Any) -> None:

@@ -326,11 +326,11 @@ def check_resume(face: str, url: str, ledger_path: Path, point: str, reconcile: 
 
 
 def _graph_cases() -> list[Any]:
-    """Every case on SQLite; the call-then-kill ones on Redis and PostgreSQL; the rest under --deep."""
+    """Every case on SQLite; on Redis and PostgreSQL the kill between call and record, reconciled; rest: --deep."""
     cases = []
     for name in ("sqlite", "redis", "postgres", "s3_http"):
         for point, reconcile in CASES:
-            deep = name == "s3_http" or (name != "sqlite" and point != "after_call")
+            deep = name == "s3_http" or (name != "sqlite" and (point, reconcile) != ("after_call", True))
             marks = [pytest.mark.deep] if deep else []
             cases.append(
                 pytest.param(name, point, reconcile, marks=marks, id=f"{name}-{point}-{'r' if reconcile else 'd'}")

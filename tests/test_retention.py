@@ -328,3 +328,25 @@ def test_real_time_refresh_on_read(backend: Backend) -> None:
             assert backend.get(part, ["a"])[0] is not None
     time.sleep(0.8)
     assert backend.get(part, ["a"]) == [None]
+
+
+def test_the_async_faces_agree(clocked: tuple[Backend, Clock]) -> None:
+    """awrite/aget/alist/apartitions hide an expired partition; aexpired, asweep, ausers, aexpiry see it."""
+    import asyncio
+
+    backend, clock = clocked
+    part = _part()
+
+    async def main() -> None:
+        assert (await backend.awrite(part, [_put("a", b"a")])).conflict is None
+        assert await backend.aexpiry(part) == pytest.approx(clock.now + TTL)
+        assert await backend.ausers("items") == [part.user]
+        clock.advance(TTL)
+        assert await backend.aget(part, ["a"]) == [None]
+        assert await backend.alist(part, ListQuery()) == []
+        assert await backend.apartitions(part.user, "items") == []
+        assert [e.key for e in await backend.aexpired()] == [part.key]
+        assert await backend.asweep() == 1
+        assert await backend.aexpired() == [] and await backend.ausers("items") == []
+
+    asyncio.run(main())

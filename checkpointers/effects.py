@@ -732,12 +732,10 @@ def saver_effect(
         config = get_config()
     thread, parts = task_effect_key(config, name)
     partition = saver._partition(config, thread)  # type: ignore[arg-type]
-    write: Callable[..., Flow[WriteResult]] = getattr(saver, "fenced_write_flow", None) or saver.layout.write_batch
-    registry = getattr(saver, "leases", None)  # the leases the saver holds in a `with saver.lease(...)` block
-    held = None if registry is None else registry.held(partition)
+    held = saver.leases.held(partition)  # the lease of a `with saver.lease(...)` block on this thread, if any
     journal = Journal(
         saver.backend, saver.integrity, partition, max_item_bytes=saver.max_item_bytes,
-        label=f"thread {thread!r}", writer=lambda puts, lease: write(partition, list(puts), []),
+        label=f"thread {thread!r}", writer=lambda puts, lease: saver.fenced_write_flow(partition, puts, ()),
     )  # fmt: skip
     # the held lease names the owner and token in the intent; the saver's write applies it
     lease = None if held is None else held.lease

@@ -731,6 +731,11 @@ class ListSelection:
         )
 
 
+#: The root namespace's head, and a names-only probe for any checkpoint record sorting below it.
+_ROOT_HEAD = f"{_CKPT}{enc('')}/"
+_BELOW_ROOT = list_query(ListQuery(prefix=_CKPT, depth=_CKPT_DEPTH, values=False), _ROOT_HEAD, 1)
+
+
 class Walk(NamedTuple):
     """One walk over one thread (see :func:`list_starts`): where its next listing stops, how many it asks."""
 
@@ -1297,18 +1302,28 @@ class CheckpointLayout:
             for i in range(len(parts))
             for walk, sifted, stop in list_starts(selection.ns, selection.flt, selection.before, limit)
         ]
+        # Over every namespace, the root's (``c/_/``) is nearly always the last a walk
+        # reaches, and what sorts below it (namespaces encoded ``_%...``, ``_-...``)
+        # nearly always nothing: one names-only probe per thread in the first step
+        # says so, instead of one more step whose listings find nothing.
+        probes = list(range(len(parts))) if selection.ns is None and limit is not None else []
+        bare: set[int] = set()  # threads with nothing below the root namespace
         while walks:
             queries = [list_query(w.query, w.stop, w.asked) for w in walks]
-            results = yield from parallel([ListOp(parts[w.thread], q) for w, q in zip(walks, queries, strict=True)])
+            ops = [ListOp(parts[w.thread], q) for w, q in zip(walks, queries, strict=True)]
+            ops += [ListOp(parts[i], _BELOW_ROOT) for i in probes]
+            results = yield from parallel(ops)
+            bare.update(i for i, recs in zip(probes, results[len(walks) :], strict=True) if not recs)
+            probes = []
             steps: list[tuple[Walk, int, tuple[str, str] | None]] = []
-            for w, q, recs in zip(walks, queries, results, strict=True):
+            for w, q, recs in zip(walks, queries, results[: len(walks)], strict=True):
                 picks, last = self._read_listing(parts[w.thread], w.thread, q, recs, selection, found, listed)
                 steps.append((w, picks, last))
             floor = list_floor((s.cid for s in found.values()), limit)
             walks = []
             for w, picks, last in steps:
                 follow = list_next(w.query, w.asked, limit, w.sifted, picks, last, floor, selection.before)
-                if follow is not None:
+                if follow is not None and not (w.thread in bare and follow[0] <= _ROOT_HEAD):
                     walks.append(Walk(w.thread, w.query, w.sifted, follow[0], follow[1]))
         return found, listed
 

@@ -169,6 +169,7 @@ class FakeKeys:
     """A partition's key layout for the fake: ``<p>r/<name>`` and ``<p>tx/<id>``."""
 
     partition: str = "p/"
+    gen: int = 0  #: the partition's generation (retention)
 
     @property
     def records(self) -> str:

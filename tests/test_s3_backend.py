@@ -323,12 +323,98 @@ def test_latest_lookup_cost_does_not_grow(s3: S3Backend) -> None:
     s3.write(p, history[10:])
     s3.write(p, [make_put("c/other/zzz", b"x")])  # a neighbouring prefix must not leak in
     at_1000 = _latest_lookup_cost(s3, p)
-    assert at_10 == at_1000 == {"ListObjectsV2": 1, "GetObject": 1}
+    assert at_10 == at_1000 == {"ListObjectsV2": 1, "GetObject": 2}  # + the lifetime object, in parallel
     latest = s3.list(p, ListQuery(prefix="c/ns/", order="name", descending=True, limit=1))
     assert latest[0].name == "c/ns/000999"
     s3.reset_counters()
     s3.write(p, [make_put("b/blob", b"v", mode=Mode.APPEND, staged=True), make_put("c/ns/001000", b"x", mode=Mode.APPEND)])
-    assert dict(s3.requests) == {"PutObject": 2}, "a put costs new blobs + 1 PUT, no LIST"
+    assert dict(s3.requests) == {"GetObject": 1, "PutObject": 2}, "a put: its lifetime, new blobs + 1 PUT, no LIST"
+
+
+def test_retention_costs_one_get_per_read_and_write_and_none_with_lifetimes_off(s3: S3Backend) -> None:
+    """The lifetime object: one GET per read (in parallel) and per write; with a ttl one PUT after a write too.
+
+    ``lifetimes=False`` (a bucket no writer uses a ttl on) pays none of it, and refuses a ttl.
+    """
+    p = Partition("u", "langgraph", "t")
+    put = make_put("c/ns/000001", b"x", mode=Mode.UPSERT)
+    _, plain = _cost(s3, lambda: s3.write(p, [put]))
+    assert plain == {"GetObject": 1, "PutObject": 1}
+    s3.set_retention(ttl=3600)
+    s3.write(p, [put])  # the first write with a ttl also sweeps (a scan: once a minute per instance)
+    _, timed = _cost(s3, lambda: s3.write(p, [put]))
+    assert timed == {"GetObject": 1, "PutObject": 2}  # + the new expiry, If-Match
+    assert _latest_lookup_cost(s3, p) == {"ListObjectsV2": 1, "GetObject": 2}
+    off = S3Backend(BUCKET, s3.root + "off", client=s3.client, lifetimes=False)
+    try:
+        _, write_cost = _cost(off, lambda: off.write(p, [put]))
+        assert write_cost == {"PutObject": 1}
+        assert _latest_lookup_cost(off, p) == {"ListObjectsV2": 1, "GetObject": 1}
+        with pytest.raises(ValueError, match="lifetimes=False"):
+            off.set_retention(ttl=10)
+        with pytest.raises(ValueError, match="lifetimes=False"):
+            S3Backend(BUCKET, s3.root, client=s3.client, lifetimes=False, ttl=10)
+    finally:
+        off.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1.9e9
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_expired_partition_rewritten_never_shows_its_old_records_even_unpurged(
+    s3: S3Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write to an expired partition moves it to a new generation first: its old records read as absent at once.
+
+    The purge that follows is skipped here (a crash after the move): the old
+    objects are still stored, yet no read returns them, and a later sweep of
+    the partition (once expired again) removes them.
+    """
+    clock = _Clock()
+    s3.set_retention(ttl=100, clock=clock)
+    p = Partition("u", "langgraph", "t")
+    s3.write(p, [make_put("c/1", b"old"), make_put("c/2", b"old")])
+    clock.now += 101
+    monkeypatch.setattr(s3, "_purge", lambda keys, since: None)
+    s3.write(p, [make_put("c/3", b"new")])
+    assert len([k for k in _raw_keys(s3) if "/r/" in k]) == 3, "the old records are still stored"
+    assert s3.get(p, ["c/1", "c/2", "c/3"])[:2] == [None, None]
+    assert [r.name for r in s3.list(p, ListQuery(prefix="c/"))] == ["c/3"]
+    fresh = S3Backend(BUCKET, s3.root, client=s3.client)  # another process: no generation cached
+    assert [r.name for r in fresh.list(p, ListQuery(prefix="c/", descending=True, limit=1))] == ["c/3"]
+    fresh.close()
+    monkeypatch.undo()
+    clock.now += 101
+    assert s3.sweep() == 1
+    assert [k for k in _raw_keys(s3) if "/r/" in k or k.endswith("/e")] == []
+
+
+def test_a_write_outliving_its_partitions_expiry_is_told_and_not_visible(s3: S3Backend) -> None:
+    """The partition expires while a write runs: the write raises, and a rewrite does not bring its records back."""
+    clock = _Clock()
+    s3.set_retention(ttl=100, clock=clock)
+    p = Partition("u", "langgraph", "t")
+    s3.write(p, [make_put("c/1", b"old")])
+    clock.now += 99
+    slow = s3._write
+
+    def late(*args: Any) -> Any:
+        out = slow(*args)
+        clock.now += 2  # the partition expires before the write's expiry update
+        return out
+
+    s3._write = late  # type: ignore[method-assign]
+    with pytest.raises(BackendUnavailableError, match="expired"):
+        s3.write(p, [make_put("c/2", b"late")])
+    s3._write = slow  # type: ignore[method-assign]
+    assert s3.get(p, ["c/1", "c/2"]) == [None, None]
+    s3.write(p, [make_put("c/3", b"new")])
+    assert [r.name for r in s3.list(p, ListQuery(prefix="c/"))] == ["c/3"]
 
 
 def _cost(backend: S3Backend, action: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
@@ -365,8 +451,9 @@ def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
     got, cost = _cost(s3, lambda: s3.list(p, latest))
     want = ["c/x/00199", "c/x/00199/t/0", "c/x/00199/u/-1"]
     assert [r.name for r in got] == want and [r.value for r in got] == [n.encode() for n in want]
-    assert cost == {"ListObjectsV2": 1, "GetObject": 3}
-    assert sorted(fetched) == sorted(s3._layout(p.key).record(n)[len(s3.root) :] for n in want)
+    assert cost == {"ListObjectsV2": 1, "GetObject": 4}
+    lifetime = s3._layout(p.key).lifetime[len(s3.root) :]
+    assert sorted(fetched) == sorted([lifetime, *(s3._layout(p.key).record(n)[len(s3.root) :] for n in want)])
 
     # The second newest, its subtree cut by `stop`: still complete (the
     # subtree is listed on its own), and values=False applies to children.
@@ -374,7 +461,7 @@ def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
     got = s3.list(p, replace(latest, stop="c/x/00198/t/1", values=False))
     assert [r.name for r in got] == ["c/x/00198", "c/x/00198/t/0", "c/x/00198/u/-1"]
     assert all(r.value == b"" for r in got)
-    assert len(fetched) == 3, fetched
+    assert len(fetched) == 4, fetched
 
     # Up to 7 writes records: still one LIST (the first page holds 8 keys);
     # 50 cost one more page, and never a GET of an older checkpoint's records.
@@ -382,12 +469,12 @@ def test_latest_with_children_costs_one_list(s3: S3Backend) -> None:
     s3.write(p, [make_put(n, b"w", mode=Mode.APPEND, staged=True) for n in newest])
     got, cost = _cost(s3, lambda: s3.list(p, latest))
     assert [r.name for r in got] == sorted(newest)
-    assert cost == {"ListObjectsV2": 1, "GetObject": 8}
+    assert cost == {"ListObjectsV2": 1, "GetObject": 9}
     more = ["c/x/00201", *(f"c/x/00201/t/{i}" for i in range(50))]
     s3.write(p, [make_put(n, b"w", mode=Mode.APPEND, staged=True) for n in more])
     got, cost = _cost(s3, lambda: s3.list(p, latest))
     assert [r.name for r in got] == sorted(more)
-    assert cost == {"ListObjectsV2": 2, "GetObject": 51}
+    assert cost == {"ListObjectsV2": 2, "GetObject": 52}
 
 
 def test_append_batch_costs_no_reads(s3: S3Backend) -> None:
@@ -397,7 +484,7 @@ def test_append_batch_costs_no_reads(s3: S3Backend) -> None:
     s3.write(p, [make_put(f"w/{i:04d}", b"x", mode=Mode.APPEND) for i in range(10)])
     writes = [make_put(f"w/new/{i}", f"v{i}".encode(), mode=Mode.APPEND) for i in range(2)]
     result, at_10 = _cost(s3, lambda: s3.write(p, writes))
-    assert at_10 == {"PutObject": 3, "DeleteObject": 1}
+    assert at_10 == {"GetObject": 1, "PutObject": 3, "DeleteObject": 1}
     assert s3.get(p, [w.name for w in writes]) == list(result.records)
     s3.write(p, [make_put(f"w/{i:04d}", b"x", mode=Mode.APPEND) for i in range(10, 1000)])
     more = [make_put(f"w/more/{i}", b"y", mode=Mode.APPEND) for i in range(2)]
@@ -459,12 +546,12 @@ def test_tag_indexed_latest_cost_does_not_grow(s3: S3Backend) -> None:
     for put in _saves(0, 10):
         s3.write(p, [put])
     got, at_10 = _cost(s3, lambda: _newest(s3, p, "w", limit=1))
-    assert [r.name for r in got] == ["c/00009"] and at_10 == {"ListObjectsV2": 1, "GetObject": 1}
+    assert [r.name for r in got] == ["c/00009"] and at_10 == {"ListObjectsV2": 1, "GetObject": 2}
     s3.write(p, _saves(10, 1000))
     got, at_1000 = _cost(s3, lambda: _newest(s3, p, "w", limit=1))
     assert [r.name for r in got] == ["c/00999"] and at_1000 == at_10
     _, save_cost = _cost(s3, lambda: s3.write(p, _saves(1001, 1002)))
-    assert save_cost == {"PutObject": 2}, "a save costs its record + one index entry"
+    assert save_cost == {"GetObject": 1, "PutObject": 2}, "a save: its lifetime, its record + one index entry"
 
 
 def test_tag_index_skips_rewritten_and_deleted_records(s3: S3Backend) -> None:

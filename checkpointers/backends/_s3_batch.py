@@ -244,6 +244,10 @@ class Keys(Protocol):
     def manifest(self, tx: str) -> str:
         """The key of batch ``tx``'s manifest."""
 
+    @property
+    def gen(self) -> int:
+        """The partition's current generation (retention): records of another one read as absent."""
+
 
 class Parallel(Protocol):
     """Runs ``fn`` over ``items`` (maybe in parallel); the results in order, after every call ended."""
@@ -321,13 +325,14 @@ class _Recovered:
     damaged: tuple[CorruptItemError, ...] = ()
 
 
-def visible(obj: Obj | None, hidden: frozenset[str]) -> Obj | None:
-    """``obj`` as a reader sees it: a record of a batch in ``hidden`` (uncommitted optimistic) reads as absent.
+def visible(obj: Obj | None, hidden: frozenset[str], gen: int = 0) -> Obj | None:
+    """``obj`` as a reader sees it: a record of a batch in ``hidden`` (uncommitted optimistic), or of
+    another generation than ``gen`` (an expired partition's), reads as absent.
 
     It is returned as a tombstone-like object (record ``None``) that keeps
     its S3 ETag, so a writer can still replace it conditionally.
     """
-    if obj is not None and obj.tx in hidden:
+    if obj is not None and (obj.tx in hidden or (obj.gen != gen and obj.record is not None)):
         return Obj(None, obj.tx, obj.s3etag, obj.optimistic, obj.name)
     return obj
 
@@ -391,7 +396,7 @@ class Batches:
 
         def attempt(hidden: frozenset[str]) -> tuple[list[Obj | None], list[Obj]]:
             objs = self._parallel(lambda n: self.fetch(keys, n), names)
-            return [visible(o, hidden) for o in objs], [o for o in objs if o is not None]
+            return [visible(o, hidden, keys.gen) for o in objs], [o for o in objs if o is not None]
 
         def unchanged(objs: list[Obj | None]) -> bool:
             traceless = any(o is None or o.tx is None or o.record is None for o in objs)
@@ -569,7 +574,7 @@ class Batches:
         batch = self._new_batch()
         names = [put.name for put in puts]
         metag = self._open(keys, batch, names)
-        bodies = [record_body(put, seq, batch.tx, optimistic=True) for put, seq in zip(puts, seqs, strict=True)]
+        bodies = [record_body(put, seq, batch.tx, True, keys.gen) for put, seq in zip(puts, seqs, strict=True)]
         etags = self._parallel(
             lambda i: self.store.put_if(keys.record(names[i]), bodies[i], absent=True), range(len(puts))
         )
@@ -694,7 +699,7 @@ class Batches:
         batch = self._new_batch()
         floor = max((r.seq for r in existing.values()), default=0)
         written = [reseq(put, seqs[i], floor) for i, put in enumerate(puts) if i not in noops]
-        plan = _plan(batch.tx, puts, deletes, current, existing, written, set(noops))
+        plan = _plan(batch.tx, keys.gen, puts, deletes, current, existing, written, set(noops))
         if not plan.ops:
             return list(plan.records)
         self._log(keys, batch, plan.ops)
@@ -881,6 +886,7 @@ def _fence(puts: Sequence[Put], deletes: Sequence[Delete], ops: Sequence[Op]) ->
 
 def _plan(
     tx: str,
+    gen: int,
     puts: Sequence[Put],
     deletes: Sequence[Delete],
     current: Sequence[Obj | None],
@@ -900,7 +906,7 @@ def _plan(
             records.append(existing[put.name])
             continue
         seq = next(next_seq)
-        ops.append(Op(put.name, cur.s3etag if cur else None, record_body(put, seq, tx), False))
+        ops.append(Op(put.name, cur.s3etag if cur else None, record_body(put, seq, tx, gen=gen), False))
         records.append(as_record(put, seq))
     for d, cur in zip(deletes, current[len(puts) :], strict=True):
         if cur is not None and cur.record is not None:

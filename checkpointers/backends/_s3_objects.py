@@ -9,13 +9,17 @@ anything acts on it. Where the objects live (the key layout) is
 record                 ``CKS3`` + header length (4 bytes, big-endian) + header
                        ``{"e": etag, "d": digest, "s": seq, "t": {tags}}``
                        (+ ``"x": batch id``, the *marker*, + ``"o": 1`` when
-                       the batch is optimistic) + the value
+                       the batch is optimistic, + ``"g": generation`` when
+                       above 0) + the value
 tombstone              the same framing, header ``{"z": 1, "x": batch id}``
 redo-log manifest      ``CKTX`` + header length + header (a list of
                        ``{"n": name, "p": S3 ETag or null, "l": body length,
                        "d": is a delete}``) + the bodies, in order
 optimistic manifest    ``CKTX`` + ``{"o": 1, "n": [names]}`` (+ ``"a": 1``
                        once a recovery is aborting it)
+partition lifetime     ``CKEX`` + ``{"g": generation, "e": expiry (seconds
+                       since the epoch) or null}`` (retention; absent:
+                       generation 0, no expiry)
 =====================  ======================================================
 
 A damaged object is :class:`~checkpointers.errors.CorruptItemError` naming
@@ -35,11 +39,14 @@ from ..errors import CorruptItemError
 from .base import Put, Record
 
 __all__ = [
+    "Lifetime",
     "Obj",
     "Op",
     "OptimisticManifest",
     "RedoLog",
+    "decode_lifetime",
     "decode_manifest",
+    "lifetime_body",
     "decode_object",
     "optimistic_manifest",
     "record_body",
@@ -50,6 +57,7 @@ __all__ = [
 
 _MAGIC = b"CKS3"
 _TX_MAGIC = b"CKTX"
+_EX_MAGIC = b"CKEX"
 SEQ_SPAN = 10**20 - 1  # seqs are microsecond timestamps, far below this
 TX_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}\Z")  # a batch id, as a marker or a manifest's key
 _NAME = re.compile(r"[%\-/0-9A-Z_a-z]*\Z")  # a record name (= its inverted form)
@@ -64,6 +72,7 @@ class Obj:
     s3etag: str
     optimistic: bool = False  #: the marker is an optimistic batch's
     name: str = ""  #: the record name it was read under (also for a tombstone)
+    gen: int = 0  #: the partition generation it was written in (retention)
 
 
 @dataclass(frozen=True)
@@ -103,13 +112,15 @@ def _encode(header: dict[str, Any], value: bytes) -> bytes:
     return _MAGIC + len(h).to_bytes(4, "big") + h + value
 
 
-def record_body(put: Put, seq: int, tx: str | None = None, optimistic: bool = False) -> bytes:
-    """The object of ``put`` stored with ``seq``, marked with batch ``tx`` (optimistic or not)."""
+def record_body(put: Put, seq: int, tx: str | None = None, optimistic: bool = False, gen: int = 0) -> bytes:
+    """The object of ``put`` stored with ``seq``, marked with batch ``tx`` (optimistic or not), generation ``gen``."""
     header: dict[str, Any] = {"e": put.etag, "d": put.digest, "s": seq, "t": dict(put.tags)}
     if tx:
         header["x"] = tx
     if optimistic:
         header["o"] = 1
+    if gen:
+        header["g"] = gen
     return _encode(header, put.value)
 
 
@@ -144,9 +155,11 @@ def decode_object(name: str, body: bytes, s3etag: str, values: bool = True) -> O
             if h["z"] == 1 and len(h) == (1 if tx is None else 2):
                 return Obj(None, tx, s3etag, False, name)
         else:
-            e, d, s, t = h.get("e"), h.get("d"), h.get("s"), h.get("t")
+            e, d, s, t, g = h.get("e"), h.get("d"), h.get("s"), h.get("t"), h.get("g", 0)
             if (
-                type(e) is str
+                type(g) is int
+                and 0 <= g <= SEQ_SPAN
+                and type(e) is str
                 and type(d) is str
                 and type(s) is int
                 and type(t) is dict
@@ -157,7 +170,7 @@ def decode_object(name: str, body: bytes, s3etag: str, values: bool = True) -> O
                 and (not t or all(type(v) is str for v in t.values()))  # JSON keys are str
             ):
                 record = Record(name, body[8 + n :] if values else b"", t, e, d, s)
-                return Obj(record, tx, s3etag, "o" in h, name)
+                return Obj(record, tx, s3etag, "o" in h, name, g)
     raise CorruptItemError(name, _header_problem(h))
 
 
@@ -190,6 +203,8 @@ def _header_problem(h: Any) -> str:
             return f"record header's {key!r} is {shown(h[key])}, not {'an' if kind == 'int' else 'a'} {kind}"
     if not 0 <= h["s"] <= SEQ_SPAN:
         return f"record header's seq {h['s']!r} is out of range"
+    if type(h.get("g", 0)) is not int or not 0 <= h.get("g", 0) <= SEQ_SPAN:
+        return f"record header's generation 'g' is {shown(h['g'])}, not an int in range"
     for key in ("e", "d"):
         if not h[key].isascii():
             return f"record header's {key!r} is {shown(h[key])}, not ASCII"
@@ -312,3 +327,38 @@ def _op_header_ok(op: Any, seen: set[str], room: int) -> bool:
         and 0 <= op["l"] <= room
         and type(op.get("d")) is bool
     )
+
+
+# -- partition lifetimes (retention) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A partition's lifetime object: its generation and expiry (seconds since the epoch, None: never).
+
+    Only records of the current generation are the partition's; a write to
+    an expired partition (and a sweep) moves to a new generation first, so
+    everything older reads as absent at once, before it is deleted.
+    """
+
+    gen: int = 0
+    expires_at: float | None = None
+
+
+def lifetime_body(life: Lifetime) -> bytes:
+    """The bytes of a partition's lifetime object."""
+    return _EX_MAGIC + json.dumps({"g": life.gen, "e": life.expires_at}, separators=(",", ":")).encode()
+
+
+def decode_lifetime(label: str, data: bytes) -> Lifetime:
+    """A lifetime object's bytes, checked; :class:`CorruptItemError` naming ``label`` if damaged."""
+    try:
+        h = json.loads(data[4:]) if data[:4] == _EX_MAGIC else None
+    except (ValueError, RecursionError):
+        h = None
+    if type(h) is dict and set(h) == {"g", "e"}:
+        g, e = h["g"], h["e"]
+        if type(g) is int and 0 <= g <= SEQ_SPAN and (e is None or (type(e) in (int, float) and e == e)):
+            return Lifetime(g, None if e is None else float(e))
+    reason = f"the partition lifetime object is {shown(data[:60])}, not CKEX + {{'g': generation, 'e': expiry}}"
+    raise CorruptItemError(label, reason)

@@ -11,6 +11,7 @@ injective :attr:`~checkpointers._names.Partition.key`, ``<u>`` its ``user_key``)
     <root><p>/tx/<id>              a pending multi-record batch (redo log or optimistic), short-lived
     <root><p>/t/<h>/<inv seq>/<name>  tag index entry (empty) for an indexed tag, h = sha256(key, value)
     <root><p>/p                    the raw partition name, only for hashed (long) names
+    <root><p>/e                    the partition's lifetime (generation, expiry), only once a ttl was used
 
 Everything of a user lies under ``<root><u>``; ``user_key`` ends with ``/``,
 so ``alice`` never lists ``alice2``.
@@ -122,6 +123,40 @@ manifest to its fence within ``lease`` (default 60 s): after that a
 the fence and the rest, which are then visible one by one. Keep ``lease``
 well above the longest pause a writer can take inside one ``write`` call.
 
+**Retention** (``ttl``, ``refresh_on_read``, ``clock``; URL ``?ttl=``; the
+protocol is :mod:`checkpointers.backends._s3_retention`). A partition's
+expiry is stored with it, in its **lifetime object** ``<p>/e`` (generation
+and expiry, written by every write with a ttl); every record carries the
+generation it was written in, and only the current generation's records are
+the partition's. Costs: a read GETs the lifetime object *in parallel* with
+its own requests (one more GET, no more round trips; read again only in the
+rare case the generation moved since this instance last saw it); a write
+GETs it first (one more sequential round trip) and, with a ttl, PUTs the new
+expiry after committing (``If-Match``: one more). A store that never used a
+ttl has no lifetime objects: its reads and writes pay the one GET (a 404),
+which is what lets a backend opened without a ttl hide what another wrote
+with one; ``lifetimes=False`` (no ttl then) skips them, for a bucket and
+prefix no writer ever uses a ttl on. A write to an expired partition moves it to a new generation
+before writing (so its old records read as absent at once and never come
+back) and then deletes them. :meth:`S3Backend.sweep` claims each expired
+partition (a new generation, ``If-Match`` the object read as expired: a
+partition a concurrent write refreshed stays), deletes everything of it
+older than the claim, then the lifetime object. It finds them by scanning
+every partition's lifetime object (one LIST per user and space, one GET per
+partition), so writes' automatic sweeps (at most one per ``min(ttl/10, 60
+s)`` per instance) cost a scan of the bucket's partitions: on a large
+bucket, prefer ``ttl`` with ``checkpointers gc`` from one place. The
+stored name object of a long (hashed) partition name is left behind.
+
+*No S3 lifecycle rule does the same.* Lifecycle expiration counts from each
+object's own creation (``Days``, whole days) or a fixed date, and can filter
+by prefix, tag or size: it would delete the old records of a partition that
+is still written (a thread's first checkpoint while it is alive), and it
+cannot be refreshed without rewriting every object. A tag-filtered rule
+fits only a store whose partitions are written once and expire together; a
+rule that does fit as a backstop: ``AbortIncompleteMultipartUpload`` (the
+backend never uses multipart uploads, so it has nothing to do).
+
 **Sequence numbers** are microsecond timestamps made strictly monotonic per
 backend instance (and above the seq of any record a write replaced):
 strictly increasing within a process, ordered by wall clock across processes.
@@ -163,19 +198,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from .._names import Partition, decode_component, encode_component
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
-from . import url_flag
+from . import retention_options, url_flag
 from ._s3_batch import Batches, ConditionsUnsupported, Deleted, Stored, visible
-from ._s3_objects import SEQ_SPAN, Obj, as_record, decode_object, record_body, shown
+from ._s3_objects import SEQ_SPAN, TX_ID, Obj, as_record, decode_object, record_body, shown
+from ._s3_retention import Lifetimes
 from .base import (
     Backend,
     Conflict,
     Delete,
+    ExpiredPartition,
     ListQuery,
     Mode,
     Put,
@@ -184,6 +221,7 @@ from .base import (
     check_batch,
     children_range,
     content_digest,
+    users_of,
 )
 
 __all__ = ["ConditionalWritesUnsupportedError", "S3Backend", "translate_errors"]
@@ -290,10 +328,16 @@ class _Layout:
 
     root: str
     pkey: str
+    gen: int = 0  #: the partition's generation (retention): records of another read as absent
 
     @property
     def partition(self) -> str:
         return f"{self.root}{self.pkey}/"
+
+    @property
+    def lifetime(self) -> str:
+        """The partition's lifetime object (generation and expiry; retention)."""
+        return f"{self.root}{self.pkey}/e"
 
     @property
     def records(self) -> str:
@@ -523,9 +567,16 @@ class S3Backend(Backend):
         lease: float = 60.0,
         consistent_read_timeout: float = 10.0,
         indexed_tags: Iterable[str] = ("workflow",),
+        ttl: float | None = None,
+        refresh_on_read: bool = False,
+        clock: Callable[[], float] | None = None,
+        lifetimes: bool = True,
     ) -> None:
         if not bucket:
             raise ValueError("S3Backend needs a bucket name")
+        #: False: no partition lifetime objects are read or written (see the module docstring).
+        self.lifetimes = lifetimes
+        self._set_retention(ttl, refresh_on_read, clock)
         self.bucket = bucket
         self.root = prefix.strip("/") + "/" if prefix.strip("/") else ""
         #: Tag keys with a tag index: seq-ordered listings filtered on one of
@@ -548,6 +599,8 @@ class S3Backend(Backend):
         self._batches = Batches(
             self._bucket, where=self.where, lease=lease, read_timeout=consistent_read_timeout, parallel=self._map
         )
+        self._lifetimes = Lifetimes(self._bucket, self.where, lambda: self.retention)
+        self._gens: dict[str, int] = {}  # partition key -> generation last seen (reads guess it, then check)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Backend:
@@ -563,6 +616,7 @@ class S3Backend(Backend):
             kwargs["region_name"] = q["region"]
         if "conditional_writes" in q:
             kwargs["conditional_writes"] = url_flag("conditional_writes", q["conditional_writes"])
+        kwargs.update(retention_options(q))
         kwargs.update(options)
         return cls(parts.netloc, parts.path, **kwargs)
 
@@ -615,22 +669,67 @@ class S3Backend(Backend):
     # -- the five operations (sync; async runs these on the pool) -----------
 
     def get(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
+        def read(keys: _Layout) -> builtins.list[Record | None]:
+            return [o.record if o else None for o in self._batches.read(keys, list(names))]
+
         with translate_errors(self.where):
-            return [o.record if o else None for o in self._batches.read(self._layout(partition.key), list(names))]
+            return self._alive(partition, read, [None] * len(names))
 
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
         check_batch(puts, deletes)
         with translate_errors(self.where):
-            return self._write(partition, list(puts), list(deletes))
+            keys = self._layout(partition.key)
+            if not self.lifetimes:
+                return self._write(partition, keys, list(puts), list(deletes))
+            begun = self._lifetimes.begin(keys.lifetime)
+            keys = self._seen_gen(replace(keys, gen=begun.life.gen))
+            result = self._write(partition, keys, list(puts), list(deletes))
+            if begun.moved:
+                self._purge(keys, self.retention.now())
+            if result.conflict is None:
+                self._lifetimes.finish(keys.lifetime, begun)
+        self._auto_sweep()
+        return result
 
     def list(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
-        keys = self._layout(partition.key)
-        with translate_errors(self.where):
+        def read(keys: _Layout) -> builtins.list[Record]:
             attempt = functools.partial(self._listing, keys, query)
             found: _Found = self._batches.consistent(keys, attempt, True, functools.partial(self._same, keys))
-        return found[0]
+            return found[0]
+
+        with translate_errors(self.where):
+            return self._alive(partition, read, [])
+
+    def _alive(self, partition: Partition, read: Callable[[_Layout], T], empty: T) -> T:
+        """``read`` run in the partition's generation, nothing if it expired (see :mod:`._s3_retention`).
+
+        The lifetime object is read in parallel with ``read`` run in the
+        generation last seen here (0 at first); read again only when the
+        generation moved since. One more GET per read, no more round trips.
+        """
+        keys = self._layout(partition.key)
+        if not self.lifetimes:
+            return read(keys)
+        guess = replace(keys, gen=self._gens.get(keys.pkey, 0))
+        life = self._io.submit(self._lifetimes.read, keys.lifetime)
+        try:
+            out = read(guess)
+        finally:
+            found = life.result()
+        if self._lifetimes.expired(found.life):
+            return empty
+        if found.life.gen != guess.gen:
+            out = read(self._seen_gen(replace(keys, gen=found.life.gen)))
+        self._lifetimes.refresh(keys.lifetime, found)
+        return out
+
+    def _seen_gen(self, keys: _Layout) -> _Layout:
+        if len(self._gens) > 100_000:
+            self._gens.clear()
+        self._gens[keys.pkey] = keys.gen
+        return keys
 
     def _listing(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> tuple[_Found, builtins.list[Obj]]:
         found = self._list_once(keys, q, hidden)
@@ -736,8 +835,9 @@ class S3Backend(Backend):
 
     # -- writes ------------------------------------------------------------------
 
-    def _write(self, p: Partition, puts: builtins.list[Put], deletes: builtins.list[Delete]) -> WriteResult:
-        keys = self._layout(p.key)
+    def _write(
+        self, p: Partition, keys: _Layout, puts: builtins.list[Put], deletes: builtins.list[Delete]
+    ) -> WriteResult:
         if puts and decode_component(p.key.rsplit("/", 1)[-1]) is None:
             self._bucket.put_if(keys.name_object, p.name.encode("utf-8", "surrogatepass"))
         staged = [i for i, put in enumerate(puts) if put.staged]
@@ -790,13 +890,13 @@ class S3Backend(Backend):
         seq = self._next_seq() if seq is None else seq
         deadline = time.monotonic() + self.consistent_read_timeout
         while True:
-            if self._bucket.put_if(key, record_body(put, seq), absent=True) is not None:
+            if self._bucket.put_if(key, record_body(put, seq, gen=keys.gen), absent=True) is not None:
                 return as_record(put, seq)
             (cur,) = self._batches.read(keys, [put.name])
             if cur is None:
                 continue  # deleted in between: try again
             if cur.record is None:  # a tombstone (or an uncommitted batch's record): replace it, If-Match its ETag
-                if self._bucket.put_if(key, record_body(put, seq), match=cur.s3etag) is not None:
+                if self._bucket.put_if(key, record_body(put, seq, gen=keys.gen), match=cur.s3etag) is not None:
                     return as_record(put, seq)
                 if time.monotonic() > deadline:
                     raise BackendUnavailableError(
@@ -816,13 +916,13 @@ class S3Backend(Backend):
             return self._append(keys, put, seq)
         key = keys.record(put.name)
         if put.mode is Mode.UPSERT:
-            self._bucket.put_if(key, record_body(put, seq))
+            self._bucket.put_if(key, record_body(put, seq, gen=keys.gen))
             return as_record(put, seq)
         (cur,) = self._batches.read(keys, [put.name])
         if cur is None or cur.record is None or cur.record.etag != put.if_match:
             return Conflict(0, put.name, cur.record if cur else None)
         seq = self._reseq(keys, put, seq, cur.record.seq)
-        if self._bucket.put_if(key, record_body(put, seq), match=cur.s3etag) is None:
+        if self._bucket.put_if(key, record_body(put, seq, gen=keys.gen), match=cur.s3etag) is None:
             (now,) = self._batches.read(keys, [put.name])
             if now is None or now.record is None or now.record.etag != put.etag:
                 return Conflict(0, put.name, now.record if now else None)
@@ -1059,7 +1159,7 @@ class S3Backend(Backend):
                     absent.append(name)
                     continue
                 objs.append(obj)
-                obj = visible(obj, hidden)
+                obj = visible(obj, hidden, keys.gen)
                 if obj is not None and obj.record is not None:
                     out.append(obj.record)
         return out, objs, absent
@@ -1113,7 +1213,7 @@ class S3Backend(Backend):
                     objs.append(obj)
                 else:
                     absent.append(name)
-                obj = visible(obj, hidden)
+                obj = visible(obj, hidden, keys.gen)
                 record = obj.record if obj is not None else None
                 if indexed and (record is None or record.seq != seq):
                     if self._expired(seq):
@@ -1127,24 +1227,32 @@ class S3Backend(Backend):
 
     def _partitions(self, user: str, space: str) -> builtins.list[str]:
         base = self.root + Partition(user, space, "").user_key
+        named = self._map(lambda encoded: self._name_if_live(base, encoded), self._prefixes(base))
+        return sorted(n for n in named if n is not None)
+
+    def _prefixes(self, base: str) -> builtins.list[str]:
+        """The names of the "folders" right under ``base`` (a LIST with ``Delimiter``), without the ``/``."""
         found: builtins.list[str] = []
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base, "Delimiter": "/"}
         while True:
             resp = self.client.list_objects_v2(**args)
             found += [cp["Prefix"][len(base) : -1] for cp in resp.get("CommonPrefixes", [])]
             if not resp.get("IsTruncated"):
-                break
+                return found
             args["ContinuationToken"] = resp["NextContinuationToken"]
-        named = self._map(lambda encoded: self._name_if_live(base, encoded), found)
-        return sorted(n for n in named if n is not None)
 
     def _live(self, keys: _Layout) -> bool:
-        """Whether the partition holds a record (not only tombstones)."""
+        """Whether the partition holds a record of its generation (not only tombstones), and has not expired."""
+        found = self._lifetimes.read(keys.lifetime) if self.lifetimes else None
+        gen = found.life.gen if found is not None else 0
+        if found is not None and self._lifetimes.expired(found.life):
+            return False
         for page in self._bucket.pages(keys.records, page_size=20):
             for key in page:
                 name = keys.name_of(key)
                 got = self._bucket.get(key)
-                if got is not None and decode_object(name, got.body, got.etag, False).record is not None:
+                obj = None if got is None else decode_object(name, got.body, got.etag, False)
+                if obj is not None and obj.record is not None and obj.gen == gen:
                     return True
         return False
 
@@ -1153,6 +1261,10 @@ class S3Backend(Backend):
         keys = self._layout(base[len(self.root) :] + encoded)
         if not self._live(keys):
             return None
+        return self._raw_name(keys, encoded)
+
+    def _raw_name(self, keys: _Layout, encoded: str) -> str | None:
+        """The raw name of partition ``encoded`` (stored in ``p`` when hashed); None if that is gone."""
         raw = decode_component(encoded)
         label = encoded
         if raw is None:
@@ -1168,6 +1280,114 @@ class S3Backend(Backend):
             reason = f"the partition name {shown(raw)} does not encode to its key {encoded!r}"
             raise CorruptItemError(label, reason + ": a copied or damaged object")
         return raw
+
+    # -- retention ---------------------------------------------------------------
+
+    def set_retention(
+        self, ttl: object = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
+    ) -> None:
+        """Set the retention; a backend made with ``lifetimes=False`` cannot take a ttl."""
+        if ttl is not None and not getattr(self, "lifetimes", True):
+            raise ValueError("S3Backend: lifetimes=False cannot keep a ttl; open it with lifetimes=True")
+        super().set_retention(ttl, refresh_on_read, clock)
+
+    def sweep(self, limit: int = 1000) -> int:
+        """Remove up to ``limit`` expired partitions across users (see :mod:`._s3_retention`); how many.
+
+        Each is claimed first (a new generation, ``If-Match`` the lifetime
+        object read as expired, so one a write refreshed meanwhile stays),
+        then everything of it older than the claim is deleted, and its
+        lifetime object last (``If-Match`` the claim).
+        """
+        with translate_errors(self.where):
+            return sum(self._sweep_one(e) for e in self._expired_partitions(limit))
+
+    async def asweep(self, limit: int = 1000) -> int:
+        return await self._off_loop(self.sweep, limit)
+
+    def expired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        with translate_errors(self.where):
+            return self._expired_partitions(limit)
+
+    async def aexpired(self, limit: int = 1000) -> builtins.list[ExpiredPartition]:
+        return await self._off_loop(self.expired, limit)
+
+    def users(self, space: str | None = None) -> builtins.list[str]:
+        with translate_errors(self.where):
+            user_keys = [uk for uk, _ in self._user_keys(space) if any(self._map(self._live_at(uk), self._prefixes(
+                self.root + uk)))]
+        return users_of(user_keys, space)
+
+    async def ausers(self, space: str | None = None) -> builtins.list[str]:
+        return await self._off_loop(self.users, space)
+
+    def expiry(self, partition: Partition) -> float | None:
+        with translate_errors(self.where):
+            return self._lifetimes.read(self._layout(partition.key).lifetime).life.expires_at
+
+    async def aexpiry(self, partition: Partition) -> float | None:
+        return await self._off_loop(self.expiry, partition)
+
+    def _user_keys(self, space: str | None) -> Iterator[tuple[str, str]]:
+        """Every ``user_key`` (``<user>/<space>/``) under the root, in ``space`` or any, with its space part."""
+        for user in self._prefixes(self.root):
+            for sp in self._prefixes(f"{self.root}{user}/"):
+                if space is None or sp == encode_component(space):
+                    yield f"{user}/{sp}/", sp
+
+    def _lifetime_at(self, user_key: str, encoded: str) -> Any:
+        return self._lifetimes.read(self._layout(user_key + encoded).lifetime)
+
+    def _live_at(self, user_key: str) -> Callable[[str], bool]:
+        return lambda encoded: self._live(self._layout(user_key + encoded))
+
+    def _expired_partitions(self, limit: int) -> builtins.list[ExpiredPartition]:
+        """Up to ``limit`` expired partitions, soonest expiry first (scans every partition's lifetime object)."""
+        found: builtins.list[ExpiredPartition] = []
+        for user_key, _ in self._user_keys(None):
+            encoded = self._prefixes(self.root + user_key)
+            lives = self._map(functools.partial(self._lifetime_at, user_key), encoded)
+            for enc, life in zip(encoded, lives, strict=True):
+                if life.etag is not None and self._lifetimes.expired(life.life):
+                    name = self._raw_name(self._layout(user_key + enc), enc) or enc
+                    found.append(ExpiredPartition(user_key + enc, user_key, name, life.life.expires_at))
+        found.sort(key=lambda e: (e.expires_at or 0.0, e.key))
+        return found[:limit]
+
+    def _sweep_one(self, gone: ExpiredPartition) -> int:
+        keys = self._layout(gone.key)
+        claim = self._lifetimes.claim(keys.lifetime, self._lifetimes.read(keys.lifetime))
+        if claim is None:
+            return 0  # refreshed (or swept) meanwhile
+        self._purge(replace(keys, gen=claim.life.gen), self.retention.now())
+        assert claim.etag is not None
+        self._bucket.delete_if(keys.lifetime, claim.etag)
+        return 1
+
+    def _purge(self, keys: _Layout, since: float) -> None:
+        """Delete what a partition held before generation ``keys.gen`` (moved at ``since``, seconds).
+
+        Records of older generations (their S3 ETag, ``If-Match``),
+        tombstones of batches no longer listed, manifests and index entries
+        made before ``since``; the current generation's objects, the
+        lifetime object and the stored name stay.
+        """
+        listed = self._bucket.list(keys.partition)
+        manifests = {k[len(keys.manifests) :] for k in listed if k.startswith(keys.manifests)}
+        since_ns = int(since * 1e9)
+        old = [k for k in listed if k.startswith(keys.manifests) and TX_ID.match(k[len(keys.manifests) :])
+               and int(k[len(keys.manifests) :].split("-", 1)[0]) < since_ns]
+        old += [k for k in listed if k.startswith(keys.index) and _ENTRY_TAIL.match(k[len(keys.index) :])
+                and keys.entry_of(k)[0] < since_ns // 1000]
+        self._delete_keys(old)
+        records = [k for k in listed if k.startswith(keys.records)]
+        objs = self._map(lambda k: self._batches.fetch(keys, keys.name_of(k), False), records)
+        for key, obj in zip(records, objs, strict=True):
+            if obj is None:
+                continue
+            stale = obj.gen < keys.gen if obj.record is not None else obj.tx not in manifests
+            if stale:
+                self._bucket.delete_if(key, obj.s3etag)
 
 
 def _client(

@@ -136,7 +136,6 @@ LONG_FUNCTIONS = {
     "checkpointers/conformance/adversarial.py::check_langgraph_config_naming_another_user",
     "checkpointers/conformance/langgraph_checks.py::_scenario",
     "checkpointers/conformance/runner.py::run_suite",
-    "checkpointers/demo.py::_crash_and_resume",
 }
 
 

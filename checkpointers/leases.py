@@ -57,14 +57,13 @@ within the ttl.
 transport and Cluster: the lease lives in the partition, so in the thread's
 hash slot): the lease condition and the batch are one lock / transaction /
 Lua script, so a stale holder's batch commits nothing, whatever the timing.
-S3: a fenced batch has two or more operations, so it takes the backend's
-redo log (pre-read, evaluate, manifest, apply each conditioned on the S3
-ETag read). An acquire that lands *inside* that window (between the
-backend's pre-read and its apply of the lease record: a pause inside one
-``write`` call, a few round trips) is not detected: the lease operation is
-dropped as "superseded" and the batch's other records land. A pause before
-the write call (a GC pause, ``SIGSTOP`` between steps) is fenced out. See
-``tests/test_leases.py`` (the S3 race tests) for both.
+S3: the lease record's re-put is the batch's *fence*, applied alone right
+after the redo-log manifest and conditioned on the S3 ETag read; an acquire
+landing before it (also inside the write call) refuses the whole batch
+(``LeaseLostError``, nothing visible), one landing after it comes after the
+batch. Assumes the writer reaches its fence within the backend's recovery
+``lease`` (60 s). See ``s3.py``, "Fenced writes (leases)", and
+``tests/test_leases.py`` (the S3 race tests).
 """
 
 from __future__ import annotations

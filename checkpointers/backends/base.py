@@ -435,8 +435,10 @@ class SweepPacer:
     With a ttl, :meth:`due` is true at most once per
     ``min(ttl / 10, 60 s)`` per backend instance (the first time on the first
     write); the write then sweeps at most :data:`AUTO_SWEEP_LIMIT` (64)
-    partitions. The cost is one indexed query (SQLite/PostgreSQL) or one
-    sorted-set range (Redis) per interval, plus the deletion of what expired.
+    partitions. The cost is one indexed query (SQLite/PostgreSQL) per
+    interval plus the deletion of what expired; on S3 a scan of every
+    partition (one LIST per user and space, one GET per partition). Redis
+    writes never sweep (its keys expire natively).
     Without a ttl it is never due (``gc`` collects then).
     """
 

@@ -39,7 +39,7 @@ __all__ = [
 
 _EPILOG = """\
 store URLs:   sqlite:///state.db (sqlite:////abs/path.db)   redis://127.0.0.1:6379/0
-              s3://bucket/prefix   memory://
+              s3://bucket/prefix   postgresql://127.0.0.1:5432/db   memory://
 LangGraph's savers (migrate sources):  langgraph+sqlite:///checkpoints.db
               langgraph+postgres://user@host:5432/db   langgraph+plainredis://host:6379/0?prefix=lg
 users:        threads belong to a user (for_user / configurable.user_id); threads written

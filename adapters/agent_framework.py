@@ -91,7 +91,6 @@ from agent_framework._workflows._checkpoint_encoding import (
     encode_checkpoint_value,
 )
 
-from checkpointers._saver_leases import HeldLease, LeaseRegistry
 from checkpointers.backends import Backend, open_backend
 from checkpointers.backends.base import ListQuery, Mode, Put, Record
 from checkpointers.errors import (
@@ -102,7 +101,7 @@ from checkpointers.errors import (
 )
 from checkpointers.flows import Flow, GetOp, ListOp, arun, delete_present_flow, new_etag, raise_conflict, run
 from checkpointers.integrity import Integrity, IntegrityKeys
-from checkpointers.leases import Clock, LeaseInfo, expired_listed_flow, listed_site
+from checkpointers.leases import Clock, HeldLease, LeaseInfo, LeaseRegistry, expired_listed_flow, listed_site
 from checkpointers.names import (
     ANONYMOUS_USER,
     DEFAULT_MAX_ITEM_BYTES,

@@ -98,7 +98,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._flows import Flow, GetOp, ListOp, arun, digest, new_etag, raise_conflict, run
+from ._flows import Flow, arun, digest, get, listing, new_etag, raise_conflict, run
 from ._integrity import Integrity
 from ._names import DEFAULT_MAX_ITEM_BYTES, Partition, encode_component, validate_key
 from .backends.base import Backend, ListQuery, Mode, Put, Record, WriteResult
@@ -416,7 +416,7 @@ class Journal:
     def _list_flow(self, state: EffectState | None) -> Flow[list[EffectInfo]]:
         tags = {} if state is None else {STATE_TAG: state.value}
         prefix = record_name(self.within) + "/" if self.within else EFFECT_PREFIX
-        records = yield ListOp(self.partition, ListQuery(prefix=prefix, order="seq", tags=tags))
+        records = yield from listing(self.partition, ListQuery(prefix=prefix, order="seq", tags=tags))
         return [check_record(self.integrity, self.partition, r) for r in records]
 
     def list(self, state: EffectState | None = None) -> list[EffectInfo]:
@@ -442,7 +442,7 @@ class Journal:
         return result.records[0].etag
 
     def _read_flow(self, spec: _Spec) -> Flow[EffectInfo | None]:
-        (record,) = yield GetOp(self.partition, [spec.name])
+        (record,) = yield from get(self.partition, [spec.name])
         return None if record is None else check_record(self.integrity, self.partition, record, spec.label)
 
     def _intent(self, spec: _Spec, key: str, attempt: int) -> EffectInfo:

@@ -74,7 +74,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._flows import Flow, GetOp, ListOp, Parallel, PartitionsOp, WriteOp, arun, new_etag, run
+from ._flows import Flow, GetOp, arun, get, listing, new_etag, parallel, partitions, run, write
 from ._names import Partition, decode_component, encode_component
 from .backends.base import Conflict, Delete, ListQuery, Mode, Put, Record, WriteResult
 from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, LeaseHeldError, LeaseLostError
@@ -85,6 +85,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPTS",
+    "HeldLease",
+    "LeaseRegistry",
     "LEASE_NAME",
     "Clock",
     "Lease",
@@ -198,7 +200,7 @@ def decode(site: LeaseSite, record: Record) -> LeaseState:
 
 def read_flow(site: LeaseSite) -> Flow[LeaseState | None]:
     """The stored lease, or None."""
-    (record,) = yield GetOp(site.partition, [site.name])
+    (record,) = yield from get(site.partition, [site.name])
     return None if record is None else decode(site, record)
 
 
@@ -209,7 +211,7 @@ def _write_flow(
     value = _encode(owner, token, expires_ms, released)
     mode, match = (Mode.CREATE, None) if current is None else (Mode.IF_MATCH, current.record.etag)
     put = site.integrity.put(site.partition, site.name, value, etag=new_etag(), mode=mode, if_match=match)
-    result: WriteResult = yield WriteOp(site.partition, (put,))
+    result: WriteResult = yield from write(site.partition, (put,))
     if result.conflict is not None:
         return None
     stored = Record(put.name, put.value, put.tags, put.etag, put.digest, result.records[0].seq)
@@ -313,10 +315,10 @@ def guarded_write_flow(
     elif refuse_unleased:
         state = yield from free_flow(site, clock)
     else:
-        return (yield WriteOp(site.partition, tuple(puts), tuple(deletes)))  # type: ignore[no-any-return]
+        return (yield from write(site.partition, tuple(puts), tuple(deletes)))
     for _ in range(ATTEMPTS):
         guard = () if state is None else (state.guard(),)
-        result: WriteResult = yield WriteOp(site.partition, guard + tuple(puts), tuple(deletes))
+        result: WriteResult = yield from write(site.partition, guard + tuple(puts), tuple(deletes))
         c = result.conflict
         if c is None:
             return WriteResult(result.records[len(guard) :])
@@ -339,13 +341,13 @@ def expired_flow(
     (one :class:`Parallel` of gets: one pipeline on Redis) until ``limit``
     are found: at most one get per partition.
     """
-    names = sorted((yield PartitionsOp(user, space)))
+    names = sorted((yield from partitions(user, space)))
     found: list[LeaseInfo] = []
     for start in range(0, len(names), chunk):
         if len(found) >= limit:
             break
         sites = [LeaseSite(integrity, Partition(user, space, n), n) for n in names[start : start + chunk]]
-        results = yield Parallel(tuple(GetOp(s.partition, [s.name]) for s in sites))
+        results = yield from parallel([GetOp(s.partition, [s.name]) for s in sites])
         at = now_ms(clock)
         for site, (record,) in zip(sites, results, strict=True):
             state = None if record is None else decode(site, record)
@@ -363,7 +365,7 @@ def expired_listed_flow(
     Framework storage: one partition per user, one lease per run, named with
     :func:`listed_site`): one listing of ``prefix``, in name order.
     """
-    records = yield ListOp(partition, ListQuery(prefix=prefix))
+    records = yield from listing(partition, ListQuery(prefix=prefix))
     at, found = now_ms(clock), []
     for record in records:
         label = decode_component(record.name[len(prefix) :]) or record.name
@@ -496,3 +498,9 @@ def acquire(site: LeaseSite, backend: Backend, owner: str, ttl: float, clock: Cl
     ttl_ms = check_ttl(ttl)
     state = yield from acquire_flow(site, check_owner(owner), ttl_ms, clock)
     return Lease(site, backend, clock, state, ttl_ms)
+
+
+# The faces' holding of leases (a registry, background renewal) lives in
+# _saver_leases, which builds on this module; its two public types are
+# reachable from here so adapters import public names only.
+from ._saver_leases import HeldLease, LeaseRegistry  # noqa: E402

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._flows import DELETE_ATTEMPTS, Flow, GetOp, ListOp, arun, new_etag, raise_conflict, run
+from ._flows import DELETE_ATTEMPTS, Flow, arun, get, listing, new_etag, raise_conflict, run
 from ._integrity import Integrity, IntegrityKeys
 from ._names import (
     ANONYMOUS_USER,
@@ -56,7 +56,7 @@ from .leases import Clock, Lease, LeaseInfo, LeaseSite, acquire, expired_flow, g
 if TYPE_CHECKING:
     from .effects import EffectBlock
 
-__all__ = ["Batch", "Item", "Store", "STEP_PREFIX"]
+__all__ = ["Batch", "Item", "STEP_PREFIX", "Store", "item_name"]
 
 SPACE = "items"
 STEP_PREFIX = "steps/"
@@ -118,8 +118,12 @@ def decode_value(key: str, data: bytes) -> Any:
     raise CorruptItemError(key, f"unknown value marker {marker!r}")
 
 
-def _name(key: str) -> str:
+def item_name(key: str) -> str:
+    """The backend record name of item ``key`` (inside its scope's partition); for tools and the conformance kit."""
     return "i/" + encode_prefixable(key)
+
+
+_name = item_name
 
 
 def _to_item(integrity: Integrity, partition: Partition, scope: str, key: str, record: Record) -> Item:
@@ -357,7 +361,7 @@ class Store:
         validate_scope(scope)
         validate_key(key)
         partition = self.partition(scope)
-        (record,) = yield GetOp(partition, [_name(key)])
+        (record,) = yield from get(partition, [_name(key)])
         return None if record is None else _to_item(self.integrity, partition, scope, key, record)
 
     def _single_flow(self, batch: Batch) -> Flow[Item]:
@@ -373,7 +377,7 @@ class Store:
         for _ in range(1 if if_match is not None else DELETE_ATTEMPTS):
             etag = if_match
             if etag is None:
-                (record,) = yield GetOp(site.partition, [name])
+                (record,) = yield from get(site.partition, [name])
                 if record is None:
                     return False
                 etag = record.etag
@@ -407,7 +411,7 @@ class Store:
             limit=limit,
             tags=tags,
         )
-        records = yield ListOp(partition, query)
+        records = yield from listing(partition, query)
         return [_to_item(self.integrity, partition, scope, _key_of(r), r) for r in records]
 
     # -- sync API ---------------------------------------------------------

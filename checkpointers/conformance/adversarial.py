@@ -77,7 +77,7 @@ from ..errors import CorruptItemError, IsolationError
 from ..integrity import Integrity
 from ..names import Partition
 from ..names import encode_component as _enc
-from ..store import _name
+from ..store import item_name as _name
 from .contract import Api, _raises
 
 __all__ = [

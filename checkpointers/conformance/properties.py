@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ..backends.base import Backend, Delete, ListQuery
-from ..flows import DropOp, Flow, GetOp, ListOp, PartitionsOp, WriteOp, arun, make_put, run
+from ..flows import Flow, arun, drop, get, listing, make_put, partitions, run, write
 from ..names import Partition, encode_component
 from .contract import Api, only_modes
 from .strategies import (
@@ -167,32 +167,32 @@ def _isolation_flow(
 
     for u, user in enumerate(users):
         for p in parts:
-            yield WriteOp(Partition(user, space, p), [make_put(n, value(u, p, n)) for n in names])
+            yield from write(Partition(user, space, p), [make_put(n, value(u, p, n)) for n in names])
     for u, user in enumerate(users):
-        got_parts = yield PartitionsOp(user, space)
+        got_parts = yield from partitions(user, space)
         assert sorted(got_parts) == sorted(parts), f"partitions({user!r}) = {got_parts}, wrote {parts}"
         for p in parts:
             part = Partition(user, space, p)
-            listed = yield ListOp(part, ListQuery())
+            listed = yield from listing(part, ListQuery())
             assert sorted((r.name, r.value) for r in listed) == own(u, p), (user, p, listed)
-            got = yield GetOp(part, names)
+            got = yield from get(part, names)
             assert [r and r.value for r in got] == [value(u, p, n) for n in names], (user, p, got)
             for n in names:
-                pre = yield ListOp(part, ListQuery(prefix=n, order="seq", descending=True))
+                pre = yield from listing(part, ListQuery(prefix=n, order="seq", descending=True))
                 assert {r.value for r in pre} <= {v for _, v in own(u, p)}, (user, p, n, pre)
     # B deletes a record and drops a partition: A's are untouched.
     victim, other = Partition(users[1], space, parts[0]), Partition(users[0], space, parts[0])
-    yield WriteOp(victim, [], [Delete(names[0])])
-    got = yield GetOp(other, names)
+    yield from write(victim, [], [Delete(names[0])])
+    got = yield from get(other, names)
     assert [r and r.value for r in got] == [value(0, parts[0], n) for n in names], "B's delete hit A"
-    yield DropOp(victim)
-    listed = yield ListOp(other, ListQuery())
+    yield from drop(victim)
+    listed = yield from listing(other, ListQuery())
     assert sorted((r.name, r.value) for r in listed) == own(0, parts[0]), "B's drop hit A"
-    got_parts = yield PartitionsOp(users[0], space)
+    got_parts = yield from partitions(users[0], space)
     assert sorted(got_parts) == sorted(parts), f"after B's drop, A's partitions are {got_parts}"
     for user in users:
         for p in parts:
-            yield DropOp(Partition(user, space, p))
+            yield from drop(Partition(user, space, p))
 
 
 async def check_prop_backend_isolation(backend: Backend) -> None:

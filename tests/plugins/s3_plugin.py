@@ -65,12 +65,19 @@ def _make_moto_conditional_writes_atomic() -> None:
     object or 404). And the key dispatcher (``_key_response``) looks the key
     up with a membership test, then an index, so a concurrent DELETE between
     the two raises ``KeyError`` (seen once in a full run, four concurrent
-    conditional deletes). Both moto forms run in this process, so one lock
-    around the dispatcher and the handlers gives them S3's semantics. Idempotent.
+    conditional deletes). A multi-object delete (``DeleteObjects``, which a
+    sweep and ``drop`` send) pops each key after looking it up, so two of them
+    racing over one key raise ``KeyError`` too (seen in a retention race test),
+    and a listing iterates the keys a concurrent delete changes. Both moto
+    forms run in this process, so one lock around the dispatcher and the
+    handlers gives them S3's semantics. Idempotent.
     """
     from moto.s3.responses import S3Response
 
-    for name in ("_key_response", "get_object", "head_object", "put_object", "delete_object"):
+    for name in (
+        "_key_response", "get_object", "head_object", "put_object", "delete_object",
+        "_bucket_response_delete_keys", "list_objects", "list_objects_v2",
+    ):  # fmt: skip
         method = getattr(S3Response, name)
         if getattr(method, "_atomic", False):
             continue

@@ -10,8 +10,10 @@ another backend gives the same ``get_tuple``/``list`` results, twice over.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,6 +268,38 @@ def test_gc_keep_then_the_interrupted_thread_still_resumes(store: str, capsys: p
         graph = work_graph(saver.for_user(USER))
         result = graph.invoke(Command(resume="yes"), CONFIG)
     assert result["notes"][-1] == "answered yes" and result["n"] == 3
+
+
+def test_gc_older_than_keeps_newer_checkpoints_and_the_newest(store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    total = len(tuples(store, USER)["thread-1"])
+    code, nothing = run(capsys, "gc", store, "--user", USER, "--thread", "thread-1", "--older-than", "30d", "--dry-run")
+    assert code == EXIT_OK and nothing["deleted"]["checkpoint"] == 0  # every checkpoint is newer than 30 days
+    future = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).isoformat()
+    code, done = run(capsys, "gc", store, "--user", USER, "--thread", "thread-1", "--older-than", future)
+    assert code == EXIT_OK and done["deleted"]["checkpoint"] == total - 1 >= 1  # the newest of the namespace stays
+    assert len(tuples(store, USER)["thread-1"]) == 1
+    assert run(capsys, "verify", store, "--user", USER)[0] == EXIT_OK
+    with pytest.raises(SystemExit) as refused:
+        main(["gc", store, "--user", USER, "--older-than", "yesterday", "--quiet"])
+    assert refused.value.code == 2
+
+
+def test_checkpoint_time_reads_langgraphs_uuid6_ids() -> None:
+    from langgraph.checkpoint.base.id import uuid6
+
+    from checkpointers._names import encode_component
+    from checkpointers.cli._verify import checkpoint_time, doomed_checkpoints
+
+    start = time.time()
+    ids = [str(uuid6(clock_seq=i)) for i in range(3)]
+    names = [f"c/{encode_component('')}/{encode_component(cid)}" for cid in ids]
+    made = [checkpoint_time(n) for n in names]
+    assert all(m is not None and abs(m - start) < 5 for m in made), made
+    assert checkpoint_time("c/x/" + encode_component("not-a-uuid")) is None
+    assert checkpoint_time("c/x/" + encode_component(str(uuid.uuid4()))) is None  # not v6: never judged old
+    assert doomed_checkpoints(names, None, start + 60) == set(names[:2])  # the newest stays
+    assert doomed_checkpoints(names, None, start - 60) == set()
+    assert doomed_checkpoints(names, 2, None) == {names[0]}
 
 
 # -- export / import, migrate between our stores ---------------------------------------------

@@ -129,13 +129,19 @@ _VERBS: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
         "gc",
         "delete expired threads, orphaned blobs and writes; --keep N checkpoints",
         "Delete blobs no checkpoint names and writes of checkpoints that are gone; with --keep N also every\n"
-        "checkpoint but the newest N of each namespace (with its writes). Each thread in one atomic batch.\n"
+        "checkpoint but the newest N of each namespace (with its writes); with --older-than every checkpoint\n"
+        "made before then (from its id's time), but never the newest of a namespace. Each thread in one atomic\n"
+        "batch.\n"
         "--dry-run prints what would go. First, expired partitions (ttl) of every user are removed (listed\n"
         "with --dry-run); without --user that is all gc does.",
         [
             _URL,
             _SOME_THREAD,
             ("--keep", {"type": int, "metavar": "N", "help": "keep the newest N checkpoints per namespace (N >= 1)"}),
+            (
+                "--older-than",
+                {"metavar": "WHEN", "help": "also delete checkpoints made before WHEN: 30d, 12h, 90m, 45s, ISO time"},
+            ),
             ("--dry-run", {"action": "store_true", "help": "delete nothing; print what would be deleted"}),
         ],
     ),

@@ -240,11 +240,12 @@ def cmd_gc(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Output(ns.json, ns.quiet)
     if ns.keep is not None and ns.keep < 1:
         parser.error("gc: --keep must be >= 1 (to delete a whole thread, use the saver's delete_thread)")
-    if ns.user is None and (ns.thread or ns.keep is not None):
-        parser.error("gc: --thread and --keep need --user")
+    if ns.user is None and (ns.thread or ns.keep is not None or ns.older_than is not None):
+        parser.error("gc: --thread, --keep and --older-than need --user")
+    before = None if ns.older_than is None else _cutoff(ns.older_than, parser)
     with _store(ns.url) as saver:
         expired = _collect_expired(saver, out, ns.dry_run)
-        results = [] if ns.user is None else _collect_orphans(saver, out, ns)
+        results = [] if ns.user is None else _collect_orphans(saver, out, ns, before)
     counts = {k: sum(len(r["deleted"][k]) for r in results) for k in ("checkpoint", "writes", "blob")}
     if ns.json:
         out.json(
@@ -293,13 +294,32 @@ def _collect_expired(saver: Checkpointer, out: Output, dry_run: bool) -> dict[st
     return {"count": count, "partitions": []}
 
 
-def _collect_orphans(saver: Checkpointer, out: Output, ns: argparse.Namespace) -> list[dict[str, Any]]:
+def _cutoff(text: str, parser: argparse.ArgumentParser) -> float:
+    """``--older-than``: a duration back from now (``30d``, ``12h``, ``90m``, ``45s``) or an ISO 8601 time.
+
+    An ISO time without a zone is UTC.
+    """
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return datetime.datetime.now(datetime.timezone.utc).timestamp() - float(text[:-1]) * units[text[-1]]
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        parser.error(f"gc: --older-than {text!r}: expected a duration (30d, 12h, 90m, 45s) or an ISO 8601 time")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def _collect_orphans(
+    saver: Checkpointer, out: Output, ns: argparse.Namespace, before: float | None
+) -> list[dict[str, Any]]:
     """Orphaned blobs and writes (and, with ``--keep``, old checkpoints) of the user's threads."""
     parts = [Partition(ns.user, "langgraph", ns.thread)] if ns.thread else thread_partitions(saver.backend, ns.user)
     results = []
     with out.progress("collecting", len(parts)) as tick:
         for p in parts:
-            results.append(_verify.collect(saver, p, ns.keep, ns.dry_run))
+            results.append(_verify.collect(saver, p, ns.keep, ns.dry_run, before))
             tick(1)
     return results
 

@@ -12,12 +12,13 @@ the same code): unreferenced blobs, writes of missing checkpoints and, with
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._flows import Flow
-from .._names import Partition
+from .._names import Partition, decode_component
 from ..backends.base import Record, WriteResult, content_digest
 from ..backends.ops import WriteOp
 from ..errors import CorruptItemError, DisallowedTypeError
@@ -190,16 +191,52 @@ def _drive(flow: Flow[Any], saver: Checkpointer, dry_run: bool) -> list[str]:
         flow.close()
 
 
-def collect(saver: Checkpointer, p: Partition, keep: int | None, dry_run: bool) -> dict[str, Any]:
+#: 100-ns intervals from the UUID epoch (1582-10-15) to the Unix epoch.
+_UUID_EPOCH = 0x01B21DD213814000
+
+
+def checkpoint_time(name: str) -> float | None:
+    """When a checkpoint record's id was made (seconds since the epoch), from LangGraph's uuid6 ids.
+
+    None when the id is not a version-6 UUID (a caller-chosen id): such a
+    checkpoint is never judged old.
+    """
+    cid = decode_component(name.rsplit("/", 1)[-1])
+    try:
+        u = uuid.UUID(cid or "")
+    except ValueError:
+        return None
+    if u.version != 6:
+        return None
+    ticks = (((u.int >> 80) & 0xFFFFFFFFFFFF) << 12) | ((u.int >> 64) & 0x0FFF)
+    return (ticks - _UUID_EPOCH) / 1e7
+
+
+def doomed_checkpoints(names: list[str], keep: int | None, before: float | None) -> set[str]:
+    """The checkpoint records ``gc`` removes: all but the newest ``keep`` of each namespace, and
+    (``before``) those made before that time; the newest of each namespace always stays."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(n.rsplit("/", 1)[0], []).append(n)
+    doomed: set[str] = set()
+    for group in groups.values():
+        ordered = sorted(group)
+        if keep is not None:
+            doomed.update(ordered[: max(len(ordered) - keep, 0)])
+        if before is not None:
+            for n in ordered[:-1]:
+                made = checkpoint_time(n)
+                if made is not None and made < before:
+                    doomed.add(n)
+    return doomed
+
+
+def collect(
+    saver: Checkpointer, p: Partition, keep: int | None, dry_run: bool, before: float | None = None
+) -> dict[str, Any]:
     """gc one thread: what was (or, with ``dry_run``, would be) deleted, by kind."""
     names = [r.name for r in walk(saver.backend, p, CKPT, depth=1, values=False)]
-    doomed: set[str] = set()
-    if keep is not None:
-        groups: dict[str, list[str]] = {}
-        for n in names:
-            groups.setdefault(n.rsplit("/", 1)[0], []).append(n)
-        for group in groups.values():
-            doomed.update(sorted(group)[: max(len(group) - keep, 0)])
+    doomed = doomed_checkpoints(names, keep, before)
     deleted = _drive(layout_of(saver)._collect_flow(p, names, doomed, orphans=True), saver, dry_run)
     by_kind: dict[str, list[str]] = {"checkpoint": [], "writes": [], "blob": [], "unknown": []}
     for name in deleted:

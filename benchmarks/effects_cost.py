@@ -132,15 +132,41 @@ def measure(backend: Backend, setting: str, n: int) -> tuple[float, dict[str, fl
             one = _saver_workload(counting, setting, stack)
         else:
             one = _store_workload(counting, setting, n)
-        counting.calls.clear()
-        rounds, means = 5, []
-        for r in range(rounds):  # the best round's mean: the least disturbed by other load
-            start = time.perf_counter()
-            for i in range(r * n // rounds, (r + 1) * n // rounds):
-                one(i)
-            means.append((time.perf_counter() - start) / (n // rounds))
-        calls = {k: v / n for k, v in sorted(counting.calls.items())}
-    return min(means), calls
+        return best_round(counting, one, n)
+
+
+def best_round(
+    counting: Counting, one: Callable[[int], object], n: int, rounds: int = 5
+) -> tuple[float, dict[str, float]]:
+    """Mean seconds per ``one(i)`` over the best of ``rounds`` rounds of ``n/rounds``, and calls per op.
+
+    The best round is the one least disturbed by other load on a shared
+    machine; ``counting`` is cleared first, so the counts are of these calls only.
+    """
+    counting.calls.clear()
+    means = []
+    for r in range(rounds):
+        start = time.perf_counter()
+        for i in range(r * n // rounds, (r + 1) * n // rounds):
+            one(i)
+        means.append((time.perf_counter() - start) / (n // rounds))
+    return min(means), {k: v / n for k, v in sorted(counting.calls.items())}
+
+
+def print_rows(
+    found: list[tuple[str, Backend]],
+    settings: tuple[str, ...],
+    measure_one: Callable[[Backend, str], tuple[float, dict[str, float]]],
+    unit: str,
+) -> None:
+    """One line per backend and setting: time per op and backend calls per op."""
+    width = max(len(s) for s in settings)
+    print(f"{'backend':8} {'setting':{width}} {unit:>10}  backend calls per op")
+    for name, backend in found:
+        for setting in settings:
+            seconds, calls = measure_one(backend, setting)
+            shown = ", ".join(f"{k} {v:g}" for k, v in calls.items())
+            print(f"{name:8} {setting:{width}} {seconds * 1e6:10.0f}  {shown}")
 
 
 def main() -> None:
@@ -149,13 +175,8 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis URL ('' to skip)")
     args = parser.parse_args()
     settings = ("allow", "refuse", "lease", "done", "set_item", "saver", "saver-lease")
-    print(f"{'backend':8} {'setting':11} {'us/effect':>10}  backend calls per effect")
     with backends(args.redis or None) as found:
-        for name, backend in found:
-            for setting in settings:
-                seconds, calls = measure(backend, setting, args.n)
-                shown = ", ".join(f"{k} {v:g}" for k, v in calls.items())
-                print(f"{name:8} {setting:11} {seconds * 1e6:10.0f}  {shown}")
+        print_rows(found, settings, lambda b, s: measure(b, s, args.n), "us/effect")
 
 
 if __name__ == "__main__":

@@ -20,11 +20,10 @@ machine: 2 cores, shared), so compare rows, not machines.
 from __future__ import annotations
 
 import argparse
-import time
 import uuid
 from collections.abc import Callable
 
-from benchmarks.effects_cost import Counting, backends
+from benchmarks.effects_cost import Counting, backends, best_round, print_rows
 from checkpointers import Store
 from checkpointers.backends import Backend
 
@@ -45,14 +44,7 @@ def measure(backend: Backend, setting: str, n: int) -> tuple[float, dict[str, fl
         one = lambda i: lease.renew()  # noqa: E731 - one line per setting
     else:
         one = lambda i: store.set_item(scope, f"k{i}", VALUE, lease=lease)  # noqa: E731
-    counting.calls.clear()
-    rounds, means = 5, []
-    for r in range(rounds):  # the best round's mean: the least disturbed by other load
-        start = time.perf_counter()
-        for i in range(r * n // rounds, (r + 1) * n // rounds):
-            one(i)
-        means.append((time.perf_counter() - start) / (n // rounds))
-    return min(means), {k: v / n for k, v in sorted(counting.calls.items())}
+    return best_round(counting, one, n)
 
 
 def main() -> None:
@@ -60,13 +52,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=500, help="operations per setting")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis URL ('' to skip)")
     args = parser.parse_args()
-    print(f"{'backend':8} {'setting':8} {'us/op':>8}  backend calls per op")
     with backends(args.redis or None) as found:
-        for name, backend in found:
-            for setting in SETTINGS:
-                seconds, calls = measure(backend, setting, args.n)
-                shown = ", ".join(f"{k} {v:g}" for k, v in calls.items())
-                print(f"{name:8} {setting:8} {seconds * 1e6:8.0f}  {shown}")
+        print_rows(found, SETTINGS, lambda b, s: measure(b, s, args.n), "us/op")
 
 
 if __name__ == "__main__":

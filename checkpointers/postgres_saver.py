@@ -16,7 +16,11 @@ A drop-in for ``langgraph-checkpoint-postgres``::
 
 ``async with PostgresCheckpointer.from_conn_string(DB_URI) as checkpointer``
 replaces ``AsyncPostgresSaver`` (``await checkpointer.asetup()``); the same
-saver serves sync and async graphs. Its tables live in their own PostgreSQL
+saver serves sync and async graphs. As ``PostgresSaver(conn)`` and
+``AsyncPostgresSaver(conn)``, ``PostgresCheckpointer(conn)`` takes an open
+psycopg ``Connection`` / ``ConnectionPool`` (sync; async calls run in a worker
+thread) or ``AsyncConnection`` / ``AsyncConnectionPool`` (async only), and
+never closes it. Its tables live in their own PostgreSQL
 schema (``?schema=`` in the URL, default ``checkpointers``), apart from
 ``PostgresSaver``'s, so both can share a database while you migrate.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends.postgres import PostgresBackend
+from .backends.postgres import Connectable, PostgresBackend
 from .savers import Checkpointer, _Opening, _split
 
 __all__ = ["PostgresCheckpointer"]
@@ -34,7 +38,9 @@ __all__ = ["PostgresCheckpointer"]
 class PostgresCheckpointer(Checkpointer):
     """A checkpointer over PostgreSQL (psycopg 3, sync and async, pooled).
 
-    ``conninfo`` is a ``postgresql://`` URL or a libpq connection string.
+    ``conninfo`` is a ``postgresql://`` URL or a libpq connection string, or
+    an open psycopg connection or pool (:data:`~checkpointers.backends.postgres.Connectable`;
+    the saver uses it as given and never closes it).
     Keywords ``user``, ``require_user``, ``serde``, ``max_item_bytes`` (and the
     saver's other options) go to the saver, the others to
     :class:`~checkpointers.backends.postgres.PostgresBackend` (``schema``,
@@ -46,9 +52,9 @@ class PostgresCheckpointer(Checkpointer):
 
     backend: PostgresBackend
 
-    def __init__(self, conninfo: str = "", **options: Any) -> None:
+    def __init__(self, conninfo: str | Connectable = "", **options: Any) -> None:
         saver, backend_options = _split(options)
-        if conninfo.startswith(("postgresql://", "postgres://")):
+        if isinstance(conninfo, str) and conninfo.startswith(("postgresql://", "postgres://")):
             backend = PostgresBackend.from_url(conninfo, **backend_options)
         else:
             backend = PostgresBackend(conninfo, **backend_options)

@@ -325,9 +325,11 @@ def test_seqs_keep_growing_across_deletes_and_drops(postgres_backend: PostgresBa
 # -- PgBouncer transaction mode: no server-side prepared statements --------------------------
 
 
-def test_no_statement_is_prepared_on_the_server(postgres_backend: PostgresBackend) -> None:
-    b = postgres_backend
-    p = Partition("u", "items", "prep")
+def test_no_statement_is_prepared_on_the_server(postgres_schema_url: str, _postgres_admin: Any) -> None:
+    """``prepare_threshold=None`` (URL ``?prepare_threshold=none``): PgBouncer before 1.21."""
+    b = PostgresBackend.from_url(with_query(postgres_schema_url, prepare_threshold="none"), timeout=5)
+    assert b.prepare_threshold is None
+    p = Partition("u", "items", f"prep-{uuid.uuid4().hex[:8]}")
     for i in range(12):  # psycopg's default would prepare a statement after its 5th use
         b.write(p, [make_put(f"k{i}", b"v")])
         b.get(p, [f"k{i}"])
@@ -346,6 +348,20 @@ def test_no_statement_is_prepared_on_the_server(postgres_backend: PostgresBacken
         return int(row[0]) if row else -1
 
     assert asyncio.run(main()) == 0
+    b.close()
+
+
+def test_statements_are_prepared_on_the_server_by_default(postgres_schema_url: str) -> None:
+    """As ``PostgresSaver``'s connections (``prepare_threshold=0``): the statements' plans are made once."""
+    b = PostgresBackend.from_url(postgres_schema_url, min_size=1, max_size=1)  # one connection sees them all
+    p = Partition("u", "items", f"prep-{uuid.uuid4().hex[:8]}")
+    b.write(p, [make_put("k", b"v")])
+    b.get(p, ["k"])
+    b.list(p, ListQuery(prefix="k", depth=0, limit=3, children=True))
+    with b._sync_pool().connection() as conn:  # type: ignore[union-attr]
+        rows = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    b.close()
+    assert any("write_batch" in r[0] for r in rows) and any("MATERIALIZED" in r[0] for r in rows), rows
 
 
 def test_the_prepared_statements_check_can_fail(postgres_url: str) -> None:
@@ -510,3 +526,122 @@ def test_a_version_1_schema_gains_expiries_and_keeps_its_partitions_forever(post
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- a caller's connection or pool (PostgresSaver(conn) / AsyncPostgresSaver(conn)) -------------------
+
+
+def _libpq_and_schema(url: str) -> tuple[str, str]:
+    b = PostgresBackend.from_url(url)
+    return b.conninfo, b.schema
+
+
+def _roundtrip(b: PostgresBackend, name: str) -> None:
+    p = Partition("u", "items", name)
+    assert b.write(p, [make_put("a", b"1"), make_put("b", b"2", tags={"k": "v"})]).conflict is None
+    assert [r.value if r else None for r in b.get(p, ["a", "b", "c"])] == [b"1", b"2", None]
+    assert [r.name for r in b.list(p, ListQuery(tags={"k": "v"}))] == ["b"]
+    assert b.write(p, [make_put("a", b"9", mode=Mode.CREATE)]).conflict is not None
+
+
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "transactions"])
+def test_a_given_connection_serves_both_faces_and_stays_open(postgres_schema_url: str, autocommit: bool) -> None:
+    from psycopg.rows import dict_row
+
+    conninfo, schema = _libpq_and_schema(postgres_schema_url)
+    with psycopg.connect(conninfo, autocommit=autocommit, row_factory=dict_row) as conn:  # PostgresSaver's kind
+        b = PostgresBackend(conn, schema=schema)
+        _roundtrip(b, f"given-{uuid.uuid4().hex[:8]}")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # each operation committed
+        p = Partition("u", "items", f"given-async-{uuid.uuid4().hex[:8]}")
+
+        async def main() -> None:  # the async face runs the sync connection in a worker thread
+            await asyncio.gather(*(b.awrite(p, [make_put(f"k{i}", b"v")]) for i in range(6)))
+            assert len(await b.alist(p, ListQuery())) == 6
+
+        asyncio.run(main())
+        b.close()
+        assert not conn.closed
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}  # its row factory is untouched
+    with psycopg.connect(conninfo, autocommit=True) as other:  # written for real, seen by another session
+        (count,) = other.execute(f"SELECT count(*) FROM {schema}.records WHERE pkey = %s", (p.key,)).fetchone()  # type: ignore[misc]
+        assert count == 6
+
+
+def test_a_given_pool_is_used_and_not_closed(postgres_schema_url: str) -> None:
+    from psycopg_pool import ConnectionPool
+
+    conninfo, schema = _libpq_and_schema(postgres_schema_url)
+    with ConnectionPool(conninfo, min_size=1, max_size=3, kwargs={"autocommit": True}) as pool:
+        b = PostgresBackend(pool, schema=schema)
+        threads = [threading.Thread(target=_roundtrip, args=(b, f"pool-{i}-{uuid.uuid4().hex[:6]}")) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _roundtrip(b, f"pool-{uuid.uuid4().hex[:8]}")
+        b.close()
+        assert not pool.closed and pool.get_stats()["requests_num"] >= 5
+
+
+def test_a_given_async_connection_or_pool_serves_the_async_face_only(postgres_schema_url: str) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from checkpointers import CheckpointerError
+
+    conninfo, schema = _libpq_and_schema(postgres_schema_url)
+    p = Partition("u", "items", f"agiven-{uuid.uuid4().hex[:8]}")
+
+    async def use(b: PostgresBackend, tag: str) -> None:
+        await asyncio.gather(*(b.awrite(p, [make_put(f"{tag}{i}", b"v")]) for i in range(5)))
+        assert len(await b.alist(p, ListQuery(prefix=tag))) == 5
+        with pytest.raises(CheckpointerError, match="async connection"):
+            b.get(p, ["x"])
+        await b.aclose()
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo) as conn:  # no autocommit
+            await use(PostgresBackend(conn, schema=schema), "c")
+            assert not conn.closed
+        async with AsyncPoolOpen(conninfo) as pool:
+            await use(PostgresBackend(pool, schema=schema), "p")
+            assert not pool.closed
+
+    def AsyncPoolOpen(info: str) -> AsyncConnectionPool:  # noqa: N802 - a constructor
+        return AsyncConnectionPool(info, min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+
+    asyncio.run(main())
+
+
+def test_anything_else_is_refused() -> None:
+    with pytest.raises(TypeError, match="conninfo string"):
+        PostgresBackend(42)  # type: ignore[arg-type]
+
+
+def test_drop_in_for_postgres_saver_on_a_given_connection(postgres_schema_url: str, reference_url: str) -> None:
+    """``PostgresSaver(conn)`` -> ``PostgresCheckpointer(conn)`` (sync), ``AsyncPostgresSaver(conn)`` (async)."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    conninfo, schema = _libpq_and_schema(postgres_schema_url)
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(reference_url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+        reference = PostgresSaver(conn)
+        reference.setup()
+        expected = _summary(reference, thread)
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+        saver = PostgresCheckpointer(conn, schema=schema)
+        saver.setup()
+        assert _summary(saver, thread) == expected
+        saver.close()
+        assert not conn.closed
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row) as aconn:
+            saver = PostgresCheckpointer(aconn, schema=schema)
+            await saver.asetup()
+            assert await _asummary(saver, f"a{thread}") == expected
+            state = await loop_graph(saver, limit=4).aget_state({"configurable": {"thread_id": thread}})
+            assert state.values == expected[0]
+
+    asyncio.run(main())

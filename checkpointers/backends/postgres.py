@@ -52,10 +52,28 @@ primary key or a tag index (with ``children``, one statement with a
 materialized CTE: one snapshot); ``partitions`` reads the registry by
 ``user_key``. :meth:`PostgresBackend.many` sends independent reads in one
 psycopg pipeline (one round trip). Nothing relies on session state across
-transactions and statements are never prepared on the server
-(``prepare_threshold=None``), so the backend works behind PgBouncer in
-transaction mode (pass ``pipeline=False`` if your pooler cannot forward
-pipelined statements).
+transactions. Statements are prepared on the server from their first use
+(``prepare_threshold=0``, as ``PostgresSaver``'s connections do: the latest
+read's plan alone costs more than its execution). psycopg prepares them with
+protocol-level named statements, which PgBouncer 1.21 and later tracks per
+server connection in transaction mode (``max_prepared_statements`` > 0, the
+default since 1.22); behind an older pooler, or one that cannot, pass
+``prepare_threshold=None`` (URL ``?prepare_threshold=none``): nothing is
+then prepared on the server. Pass ``pipeline=False`` if your pooler cannot
+forward pipelined statements.
+
+Existing connections
+--------------------
+
+``PostgresBackend(conn)`` (as ``PostgresSaver(conn)``) takes a
+:class:`psycopg.Connection` or :class:`psycopg_pool.ConnectionPool` (the
+sync face; the async face runs it in a worker thread), or a
+:class:`psycopg.AsyncConnection` or :class:`psycopg_pool.AsyncConnectionPool`
+(the async face; the sync face refuses). The backend never closes it. Its
+row factory and prepare threshold are the caller's; a connection without
+autocommit gets one transaction per operation (inside the caller's own
+transaction if one is open, whose commit then decides). One connection is
+used by one operation at a time (a lock); a broken one is not reopened.
 
 Errors and retries
 ------------------
@@ -82,7 +100,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from json.encoder import encode_basestring_ascii as _json_str
@@ -90,7 +108,8 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._names import Partition
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
@@ -113,12 +132,14 @@ from .base import (
 )
 from .ops import GetOp, ListOp, PartitionsOp
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresBackend"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Connectable", "PostgresBackend"]
 
 T = TypeVar("T")
 
 #: The rows a statement returned.
 _Rows = builtins.list[tuple[Any, ...]]
+#: A caller's connection or pool (``PostgresBackend(conn)``), sync or async.
+Connectable = psycopg.Connection[Any] | ConnectionPool | psycopg.AsyncConnection[Any] | AsyncConnectionPool
 
 
 @dataclass(frozen=True)
@@ -158,7 +179,10 @@ MIGRATIONS = _load_migrations()
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_URL_OPTIONS = ("schema", "min_size", "max_size", "timeout", "retry_attempts", "pipeline", "ttl", "refresh_on_read")
+_URL_OPTIONS = (
+    "schema", "min_size", "max_size", "timeout", "retry_attempts", "pipeline", "prepare_threshold", "ttl",
+    "refresh_on_read",
+)
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
 _COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
 _META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, ''::bytea AS value"
@@ -571,13 +595,18 @@ _READS = (GetOp, ListOp, PartitionsOp)
 class PostgresBackend(Backend):
     """Records in PostgreSQL tables, shared by any number of threads, processes and hosts.
 
-    ``conninfo`` is a libpq connection string or URL. ``schema`` names the
+    ``conninfo`` is a libpq connection string or URL, or a caller's
+    connection or pool (:data:`Connectable`, see "Existing connections" in
+    the module docstring; ``min_size``/``max_size``/``prepare_threshold`` are
+    then the caller's). ``schema`` names the
     PostgreSQL schema holding the tables (created if missing; lowercase
     letters, digits, ``_``). ``min_size`` / ``max_size`` size each pool (one
     sync, one per event loop used); ``timeout`` bounds the wait for a
     connection; ``retry_attempts`` and ``retry_backoff`` bound the retries of
     transient errors (see the module docstring); ``pipeline=False`` sends the
-    reads of :meth:`many` one by one.
+    reads of :meth:`many` one by one; ``prepare_threshold`` is psycopg's (``0``:
+    statements prepared on the server from their first use; ``None``: never,
+    for a pooler that cannot track prepared statements).
 
     Nothing connects until the first operation (or :meth:`migrate`), which
     also creates or migrates the schema.
@@ -587,7 +616,7 @@ class PostgresBackend(Backend):
 
     def __init__(
         self,
-        conninfo: str = "",
+        conninfo: str | Connectable = "",
         *,
         schema: str = "checkpointers",
         min_size: int = 1,
@@ -596,6 +625,7 @@ class PostgresBackend(Backend):
         retry_attempts: int = 4,
         retry_backoff: float = 0.05,
         pipeline: bool = True,
+        prepare_threshold: int | None = 0,
         ttl: float | None = None,
         refresh_on_read: bool = False,
         clock: Callable[[], float] | None = None,
@@ -607,8 +637,10 @@ class PostgresBackend(Backend):
             )
         if timeout <= 0 or retry_attempts < 0 or not 0 < min_size <= max_size:
             raise ValueError("need timeout > 0, retry_attempts >= 0 and 0 < min_size <= max_size")
-        self.conninfo, self.schema, self.timeout = conninfo, schema, float(timeout)
+        self.conninfo = conninfo if isinstance(conninfo, str) else ""
+        self.schema, self.timeout, self.prepare_threshold = schema, float(timeout), prepare_threshold
         self.min_size, self.max_size, self.pipeline = min_size, max_size, pipeline
+        self._given: _Shared | _ASharedSource | None = _shared(conninfo)
         self.retry_attempts, self.retry_backoff = retry_attempts, retry_backoff
         self._where = f"schema {schema!r}"
         self._lock = threading.Lock()
@@ -622,7 +654,8 @@ class PostgresBackend(Backend):
         """Open ``postgresql://user@host:5432/db?schema=x`` (``postgres://`` too).
 
         Query options :data:`_URL_OPTIONS` (``schema``, ``min_size``,
-        ``max_size``, ``timeout``, ``retry_attempts``, ``pipeline``) are the
+        ``max_size``, ``timeout``, ``retry_attempts``, ``pipeline``,
+        ``prepare_threshold`` (a number or ``none``)) are the
         backend's; every other one (``sslmode``, ``connect_timeout``,
         ``application_name``...) is passed to libpq. Keyword ``options``
         override the URL's.
@@ -641,6 +674,9 @@ class PostgresBackend(Backend):
             ours["timeout"] = float(ours["timeout"])
         if "pipeline" in ours:
             ours["pipeline"] = url_flag("pipeline", ours["pipeline"])
+        if "prepare_threshold" in ours:
+            raw = ours["prepare_threshold"].strip().lower()
+            ours["prepare_threshold"] = None if raw in ("none", "") else int(raw)
         ours.update(retention_options(ours))
         ours.update(options)
         return cls(urlunsplit(parts._replace(query=urlencode(libpq))), **ours)
@@ -738,10 +774,17 @@ class PostgresBackend(Backend):
 
     # -- sync execution ------------------------------------------------------------------
 
-    def _sync_pool(self) -> ConnectionPool:
+    def _sync_pool(self) -> ConnectionPool | _Shared:
         with self._lock:
             if self._closed:
                 raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
+            if isinstance(self._given, _ASharedSource):
+                raise CheckpointerError(
+                    f"PostgresBackend({self._where}) was given an async connection or pool: use the async "
+                    "methods (aget_tuple, aput...), or give it a psycopg.Connection or ConnectionPool"
+                )
+            if self._given is not None:
+                return self._given
             if self._pool is None:
                 pool = ConnectionPool(self.conninfo, **self._pool_options(), open=False)
                 pool.open(wait=False)
@@ -753,7 +796,7 @@ class PostgresBackend(Backend):
             "min_size": self.min_size,
             "max_size": self.max_size,
             "timeout": self.timeout,
-            "kwargs": {"autocommit": True, "prepare_threshold": None},
+            "kwargs": {"autocommit": True, "prepare_threshold": self.prepare_threshold},
             "name": f"checkpointers-{self.schema}",
         }
 
@@ -766,9 +809,9 @@ class PostgresBackend(Backend):
                 pool = self._sync_pool()
                 try:
                     with pool.connection() as conn:
-                        if not transaction:
+                        if not transaction and conn.autocommit:
                             return _drive(conn, make(attempt > 0))
-                        with conn.transaction():
+                        with conn.transaction():  # a caller's connection without autocommit: one per operation
                             return _drive(conn, make(attempt > 0))
                 except psycopg.Error as exc:
                     delay = self._delay(exc, attempt)
@@ -784,20 +827,26 @@ class PostgresBackend(Backend):
 
     # -- async execution -----------------------------------------------------------------
 
-    def _async_pool(self) -> _LoopConnections:
-        """This event loop's connections (those of loops that have closed are let go)."""
+    def _async_pool(self) -> _LoopConnections | _ASharedSource:
+        """This event loop's connections (those of loops that have closed are let go), or the caller's."""
         if self._closed:
             raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
+        if isinstance(self._given, _ASharedSource):
+            return self._given
         loop = asyncio.get_running_loop()
         conns = self._loops.get(loop)
         if conns is None:
             for old in [lp for lp in self._loops if lp.is_closed()]:
                 self._loops.pop(old).finish()
-            conns = self._loops[loop] = _LoopConnections(self.conninfo, self.max_size, self.timeout)
+            conns = self._loops[loop] = _LoopConnections(
+                self.conninfo, self.max_size, self.timeout, self.prepare_threshold
+            )
         return conns
 
     async def _arun(self, make: Callable[[bool], _Op[T]], transaction: bool = False, setup: bool = True) -> T:
-        """Async :meth:`_run`."""
+        """Async :meth:`_run` (on a caller's sync connection or pool: :meth:`_run` in a worker thread)."""
+        if isinstance(self._given, _Shared):
+            return await asyncio.to_thread(self._run, make, transaction, setup)
         if setup and not self._ready:
             await self.amigrate()
         with _translate_errors(self._where):
@@ -805,7 +854,7 @@ class PostgresBackend(Backend):
                 pool = self._async_pool()
                 try:
                     async with pool.connection() as conn:
-                        if not transaction:
+                        if not transaction and conn.autocommit:
                             return await _adrive(conn, make(attempt > 0))
                         async with conn.transaction():
                             return await _adrive(conn, make(attempt > 0))
@@ -853,7 +902,7 @@ class PostgresBackend(Backend):
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the sync pool and every idle async connection (idempotent)."""
+        """Close the sync pool and every idle async connection (idempotent); a caller's connection stays open."""
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -896,8 +945,8 @@ class _LoopConnections:
     loop may end at any time (``finish`` then closes the idle sockets).
     """
 
-    def __init__(self, conninfo: str, size: int, timeout: float) -> None:
-        self.conninfo, self.size, self.timeout = conninfo, size, timeout
+    def __init__(self, conninfo: str, size: int, timeout: float, prepare_threshold: int | None) -> None:
+        self.conninfo, self.size, self.timeout, self.prepare_threshold = conninfo, size, timeout, prepare_threshold
         self.idle: builtins.list[psycopg.AsyncConnection[Any]] = []
         self.slots = asyncio.Semaphore(size)
 
@@ -917,7 +966,9 @@ class _LoopConnections:
                 self._hand_back(conn)
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        connect = psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, prepare_threshold=None)
+        connect = psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, prepare_threshold=self.prepare_threshold
+        )
         try:
             return await asyncio.wait_for(connect, self.timeout)
         except asyncio.TimeoutError:  # not the builtin before Python 3.11
@@ -937,6 +988,67 @@ class _LoopConnections:
             conn.pgconn.finish()
 
 
+# -- a caller's connection or pool ------------------------------------------------------------
+
+
+class _Shared:
+    """A caller's sync connection or pool, used as the backend's pool (never closed by it)."""
+
+    def __init__(self, conn: psycopg.Connection[Any] | ConnectionPool) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()  # one operation at a time on one connection
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if isinstance(self.conn, ConnectionPool):
+            with self.conn.connection() as conn:
+                yield conn
+        else:
+            with self._lock:
+                yield self.conn
+
+    def check(self) -> None:
+        """After a failure: let a pool drop its dead idle connections (a lone connection stays as it is)."""
+        if isinstance(self.conn, ConnectionPool):
+            self.conn.check()
+
+
+class _ASharedSource:
+    """A caller's async connection or pool, used as the backend's per-loop connections."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any] | AsyncConnectionPool) -> None:
+        self.conn = conn
+        self._lock: asyncio.Lock | None = None
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if isinstance(self.conn, AsyncConnectionPool):
+            async with self.conn.connection() as conn:
+                yield conn
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one operation at a time on one connection
+            yield self.conn
+
+    def finish(self) -> None:
+        """Nothing to drop: a pool checks what it gets back, a lone connection is the caller's."""
+
+
+def _shared(conn: str | Connectable) -> _Shared | _ASharedSource | None:
+    """The source a caller's connection or pool makes (``None`` for a conninfo string)."""
+    if isinstance(conn, str):
+        return None
+    if isinstance(conn, psycopg.Connection | ConnectionPool):
+        return _Shared(conn)
+    if isinstance(conn, psycopg.AsyncConnection | AsyncConnectionPool):
+        return _ASharedSource(conn)
+    raise TypeError(
+        "PostgresBackend takes a conninfo string or URL, a psycopg (Async)Connection or a psycopg_pool "
+        f"(Async)ConnectionPool, not {type(conn).__name__}"
+    )
+
+
 # -- drivers: run an operation's statements on one connection ------------------------------
 
 
@@ -945,10 +1057,10 @@ def _drive(conn: psycopg.Connection[Any], op: _Op[T]) -> T:
     while stmt is not None:
         if isinstance(stmt, _Batch):
             with conn.pipeline():
-                cursors = [conn.execute(s.sql, s.params, binary=True) for s in stmt.statements]
+                cursors = [_cursor(conn).execute(s.sql, s.params, binary=True) for s in stmt.statements]
             rows: Any = [_fetched(cur) for cur in cursors]
         else:
-            rows = _fetched(conn.execute(stmt.sql, stmt.params, binary=True))
+            rows = _fetched(_cursor(conn).execute(stmt.sql, stmt.params, binary=True))
         stmt, result = _step(op, rows)
     return result  # type: ignore[return-value]
 
@@ -958,12 +1070,21 @@ async def _adrive(conn: psycopg.AsyncConnection[Any], op: _Op[T]) -> T:
     while stmt is not None:
         if isinstance(stmt, _Batch):
             async with conn.pipeline():
-                cursors = [await conn.execute(s.sql, s.params, binary=True) for s in stmt.statements]
+                cursors = [await _acursor(conn).execute(s.sql, s.params, binary=True) for s in stmt.statements]
             rows: Any = [await _afetched(cur) for cur in cursors]
         else:
-            rows = await _afetched(await conn.execute(stmt.sql, stmt.params, binary=True))
+            rows = await _afetched(await _acursor(conn).execute(stmt.sql, stmt.params, binary=True))
         stmt, result = _step(op, rows)
     return result  # type: ignore[return-value]
+
+
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor of tuple rows, whatever row factory a caller's connection has."""
+    return conn.cursor(row_factory=tuple_row)
+
+
+def _acursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    return conn.cursor(row_factory=tuple_row)
 
 
 def _fetched(cur: psycopg.Cursor[Any]) -> _Rows:

@@ -53,7 +53,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, NamedTuple, Protocol
@@ -85,6 +85,7 @@ from ._flows import (
 from ._integrity import Integrity
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size
 from ._names import encode_component as enc
+from ._serde import SafeSerializer
 from .backends.base import Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
 from .errors import (
     ConcurrencyError,
@@ -102,6 +103,7 @@ __all__ = [
     "CheckpointRecord",
     "LoadedCheckpoint",
     "ParentChannels",
+    "VerifiedRecords",
     "WriteMismatch",
     "ckpt_name",
     "metadata_tags",
@@ -788,6 +790,72 @@ class ParentChannels:
             self._last.clear()
 
 
+#: What names a record in errors: called only when one is raised (most reads never build it).
+Label = Callable[[], str]
+#: At most this many records, and this many bytes of their values, in a :class:`VerifiedRecords`.
+_VERIFIED_SIZE = 4096
+_VERIFIED_BYTES = 16 * 1024 * 1024
+
+
+def _channel_label(channel: str, cid: str, subject: str) -> Label:
+    return lambda: f"channel {channel!r} of checkpoint {cid!r} of {subject}"
+
+
+class VerifiedRecords:
+    """Records whose check passed, so reading one again byte for byte needs no re-hash.
+
+    A bounded, thread-safe memo a saver and its views share. :meth:`check`
+    runs :meth:`Integrity.check` on a record unless one with the same
+    integrity settings, place (partition), name, stored digest (content
+    digest and seal), tags and a *byte-identical* value passed it before:
+    the check is a function of exactly these, so it would pass again.
+    Nothing is served from here: the backend's read still returns the
+    record (one another process deleted is not found, whatever is
+    remembered), and each caller decodes the bytes it read (no object is
+    shared between callers). Only ``bytes`` values are remembered (never a
+    mutable ``bytearray``), oldest first out past :data:`_VERIFIED_SIZE`
+    records or :data:`_VERIFIED_BYTES` bytes; a miss costs one check.
+    """
+
+    def __init__(self, size: int = _VERIFIED_SIZE, max_bytes: int = _VERIFIED_BYTES) -> None:
+        self._size = size
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._seen: dict[tuple[object, ...], tuple[bytes, dict[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, integrity: Integrity, p: Partition, record: Record, label: Label) -> None:
+        """Raise CorruptItemError (naming ``label()``) unless ``record`` holds for place ``p``."""
+        value = record.value
+        key = (integrity, integrity.accept_unsealed, p.key, record.name, record.digest)
+        hit = self._seen.get(key)
+        if hit is not None and (hit[0] is value or hit[0] == value) and hit[1] == record.tags:
+            return
+        try:
+            integrity.check(p, record)
+        except CorruptItemError as exc:
+            raise CorruptItemError(label(), exc.reason) from None
+        if type(value) is bytes and len(value) <= self._max_bytes // 8:
+            self._remember(key, value, dict(record.tags))
+
+    def _remember(self, key: tuple[object, ...], value: bytes, tags: dict[str, str]) -> None:
+        with self._lock:
+            old = self._seen.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[0])
+            self._seen[key] = (value, tags)
+            self._bytes += len(value)
+            while len(self._seen) > self._size or self._bytes > self._max_bytes:
+                first = next(iter(self._seen))
+                self._bytes -= len(self._seen.pop(first)[0])
+
+    def clear(self) -> None:
+        """Forget every record."""
+        with self._lock:
+            self._seen.clear()
+            self._bytes = 0
+
+
 class BatchWriter(Protocol):
     """How a layout's writes reach the backend: one atomic batch of ``p``, its result.
 
@@ -820,6 +888,16 @@ class CheckpointLayout:
     integrity: Integrity
     parents: ParentChannels = field(default_factory=ParentChannels)
     writer: BatchWriter | None = None
+    verified: VerifiedRecords = field(default_factory=lambda: VerifiedRecords())
+    #: ``serde.loads_msgpack`` when ``serde`` is a :class:`SafeSerializer` decoding as it does, else None.
+    _msgpack: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        serde = self.serde
+        fast = None
+        if isinstance(serde, SafeSerializer) and type(serde).loads_typed is SafeSerializer.loads_typed:
+            fast = serde.loads_msgpack
+        object.__setattr__(self, "_msgpack", fast)
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
         """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`."""
@@ -843,24 +921,31 @@ class CheckpointLayout:
         check_size(label, len(data), self.max_item_bytes)
         return data
 
-    def _load(self, p: Partition, label: str, record: Record) -> Any:
-        """Check the record's seal for its place in ``p`` and deserialize; any failure is CorruptItemError."""
-        self.integrity.check(p, record, label)
+    def _load(self, p: Partition, label: Label, record: Record) -> Any:
+        """Check the record's seal for its place in ``p`` and deserialize; any failure is CorruptItemError.
+
+        ``label`` names the record in errors (a callable: built only then).
+        """
+        self.verified.check(self.integrity, p, record, label)
         return self._loads(label, record.value)
 
-    def _loads(self, label: str, data: bytes) -> Any:
+    def _loads(self, label: Label, data: bytes) -> Any:
         """Deserialize framed bytes (already verified); any failure is CorruptItemError."""
         try:
+            if self._msgpack is not None and data[:8] == _MSGPACK_FRAME:  # nearly every record
+                return self._msgpack(data[8:])
             return self.serde.loads_typed(_unframe(data))
         except DisallowedTypeError as exc:
-            raise DisallowedTypeError(label, exc.module, exc.name) from None
+            raise DisallowedTypeError(label(), exc.module, exc.name) from None
         except CorruptItemError as exc:
-            raise CorruptItemError(label, exc.reason) from None
+            raise CorruptItemError(label(), exc.reason) from None
         except Exception as exc:
-            raise CorruptItemError(label, f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
+            raise CorruptItemError(label(), f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
 
     def _decode_checkpoint(self, p: Partition, record: Record) -> CheckpointRecord:
-        label = f"checkpoint record {record.name!r} of thread {p.name!r}"
+        def label() -> str:
+            return f"checkpoint record {record.name!r} of thread {p.name!r}"
+
         payload = self._load(p, label, record)
         try:
             if payload["v"] not in _FORMATS:
@@ -877,7 +962,7 @@ class CheckpointLayout:
                 payload["v"],
             )
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
+            raise CorruptItemError(label(), f"unexpected layout ({exc!r})") from exc
 
     # -- put ----------------------------------------------------------------
 
@@ -1092,7 +1177,9 @@ class CheckpointLayout:
         Reads both layouts: a packed record (``w``: ``[idx, channel, value]``
         each) and the earlier one-write record.
         """
-        label = f"write {rec.name!r} of {subject}"
+        def label() -> str:
+            return f"write {rec.name!r} of {subject}"
+
         payload = self._load(p, label, rec)
         try:
             if "w" not in payload:  # written by 0.1: one write per record
@@ -1101,7 +1188,7 @@ class CheckpointLayout:
                 ]
             return [(payload["task_path"], payload["task_id"], idx, ch, value) for idx, ch, value in payload["w"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptItemError(label, f"unexpected layout ({exc!r})") from exc
+            raise CorruptItemError(label(), f"unexpected layout ({exc!r})") from exc
 
     # -- read -----------------------------------------------------------------
 
@@ -1156,7 +1243,7 @@ class CheckpointLayout:
             raise CorruptItemError(_blob_name(sha), f"blob referenced by a checkpoint of {subject} is missing")
         if content_digest(rec.digest) != sha:
             raise CorruptItemError(_blob_name(sha), "stored digest does not match its name")
-        return self._load(p, f"blob {sha} of {subject}", rec)
+        return self._load(p, lambda: f"blob {sha} of {subject}", rec)
 
     def _assemble(
         self,
@@ -1167,16 +1254,17 @@ class CheckpointLayout:
         subject: str,
     ) -> LoadedCheckpoint:
         """The checkpoint ``s`` with its channel values (blob ``values`` by digest) and pending ``writes``."""
-        pending = [w for rec in writes.values() for w in self._pending(p, rec, subject)]
-        pending.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
-        channel_values = {ch: values[d] for ch, d in s.blobs.items()}
+        pending: list[PendingWrite] = []
+        if writes:
+            found = [w for rec in writes.values() for w in self._pending(p, rec, subject)]
+            found.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
+            pending = [(w[1], w[3], w[4]) for w in found]
+        channel_values = {ch: values[d] for ch, d in s.blobs.items()} if s.blobs else {}
         for ch, data in s.inline.items():
-            channel_values[ch] = self._loads(f"channel {ch!r} of checkpoint {s.cid!r} of {subject}", data)
+            channel_values[ch] = self._loads(_channel_label(ch, s.cid, subject), data)
         checkpoint: Any = {**s.checkpoint, "channel_values": channel_values}
         metadata: Any = s.metadata
-        return LoadedCheckpoint(
-            p.name, s.ns, s.cid, s.parent, checkpoint, metadata, [(w[1], w[3], w[4]) for w in pending]
-        )
+        return LoadedCheckpoint(p.name, s.ns, s.cid, s.parent, checkpoint, metadata, pending)
 
     # The list planners, under their earlier names (tests call them so).
     _list_starts = staticmethod(list_starts)

@@ -224,17 +224,32 @@ class SafeSerializer(JsonPlusSerializer):
         kind = data[0]
         if kind not in _READ_FRAMES:
             raise CorruptItemError("<value>", f"serialization type {kind!r} is never decoded by this saver")
+        if kind == "msgpack":
+            return self.loads_msgpack(data[1])
         blocked = self._blocked
         blocked.type = blocked.unknown = None
         try:
-            if kind == "msgpack":  # what JsonPlusSerializer.loads_typed does for it, without its dispatch
-                return ormsgpack.unpackb(data[1], ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
             return super().loads_typed(data)
         except Exception:
-            found, unknown = blocked.type, blocked.unknown
-            blocked.type = blocked.unknown = None
-            if found is not None:
-                raise DisallowedTypeError("<value>", *found) from None
-            if unknown is not None:
-                raise CorruptItemError("<value>", f"msgpack extension type {unknown} is unknown") from None
+            self._raise_blocked()
             raise
+
+    def loads_msgpack(self, data: bytes) -> Any:
+        """``loads_typed(("msgpack", data))`` without its dispatch (nearly every stored value)."""
+        blocked = self._blocked
+        blocked.type = blocked.unknown = None
+        try:  # what JsonPlusSerializer.loads_typed does for a msgpack frame
+            return ormsgpack.unpackb(data, ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
+        except Exception:
+            self._raise_blocked()
+            raise
+
+    def _raise_blocked(self) -> None:
+        """In a failed decode: raise the error naming the blocked type or unknown extension, if the hook met one."""
+        blocked = self._blocked
+        found, unknown = blocked.type, blocked.unknown
+        blocked.type = blocked.unknown = None
+        if found is not None:
+            raise DisallowedTypeError("<value>", *found) from None
+        if unknown is not None:
+            raise CorruptItemError("<value>", f"msgpack extension type {unknown} is unknown") from None

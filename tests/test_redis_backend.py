@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -991,6 +993,7 @@ def any_redis(request: pytest.FixtureRequest) -> RedisBackend:
 
 
 PICK, CHILD = "c/a", "c/a/w"  # a tagged record with a child, and the child
+LARGE_A, LARGE_W = b"A" * 3000, b"W" * 1500
 #: What each reader asks, as ("get", names) or ("list", query); every reader
 #: runs sync, through many(), async and through amany().
 READERS: dict[str, tuple[str, object]] = {
@@ -1002,7 +1005,9 @@ READERS: dict[str, tuple[str, object]] = {
     "list by tag": ("list", ListQuery(tags={"k": "v"})),
     "list by tag in seq order": ("list", ListQuery(tags={"k": "v"}, order="seq", descending=True)),
     "list by tag with children": ("list", ListQuery(prefix="c/", tags={"k": "v"}, depth=0, children=True)),
-    "list in seq order": ("list", ListQuery(order="seq")),
+    "list in seq order": ("list", ListQuery(prefix="c/", order="seq")),
+    # the whole partition has no seq index: read and sorted
+    "list in seq order, all": ("list", ListQuery(order="seq")),
     # a prefix that is no indexed ancestor, with few names under it: read and sorted
     "list in seq order, sorted": ("list", ListQuery(prefix="c/a", order="seq", descending=True)),
 }
@@ -1010,7 +1015,8 @@ READERS: dict[str, tuple[str, object]] = {
 
 def _damage_partition(b: RedisBackend) -> Partition:
     p = Partition("dmg", "items", "s-" + uuid.uuid4().hex[:8])
-    puts = [make_put(PICK, b"A", tags={"k": "v"}), make_put(CHILD, b"W"), make_put("c/b", b"B", tags={"k": "v"})]
+    # PICK and CHILD are large enough to be stored compressed, "c/b" raw
+    puts = [make_put(PICK, LARGE_A, tags={"k": "v"}), make_put(CHILD, LARGE_W), make_put("c/b", b"B", tags={"k": "v"})]
     puts += [make_put(f"c/f{i}", b"F") for i in range(5)]  # so that "c/a" in seq order takes the sorting path
     assert b.write(p, puts).conflict is None
     return p
@@ -1067,8 +1073,10 @@ def _meta(fix):  # noqa: ANN001, ANN202
     """A damage that rewrites the metadata's fields [seq, etag, digest, pairs, tags] with ``fix``."""
 
     def damage(c: redis.Redis, keys: list[str], name: str) -> None:
-        fields = c.hget(keys[0], f"m:{name}").split(b"\n", 4)
-        c.hset(keys[0], f"m:{name}", fix(fields))
+        meta = c.hget(keys[0], f"m:{name}")
+        flag = b"\nz" if meta.endswith(b"\nz") else b""  # a compressed value's: kept
+        fields = meta[: len(meta) - len(flag)].split(b"\n", 4)
+        c.hset(keys[0], f"m:{name}", fix(fields) + flag)
 
     return damage
 
@@ -1076,6 +1084,10 @@ def _meta(fix):  # noqa: ANN001, ANN202
 def _swap_fields(c: redis.Redis, keys: list[str], name: str) -> None:
     meta, value = c.hmget(keys[0], [f"m:{name}", f"v:{name}"])
     c.hset(keys[0], mapping={f"m:{name}": value, f"v:{name}": meta})
+
+
+def _cut_value(c: redis.Redis, keys: list[str], name: str) -> None:
+    c.hset(keys[0], f"v:{name}", c.hget(keys[0], f"v:{name}")[:-4])
 
 
 #: name -> (damage, whether only reads of the value notice it)
@@ -1100,6 +1112,8 @@ RECORD_DAMAGE = {
     "tags JSON with trailing bytes": (_meta(lambda f: b"\n".join([*f[:4], f[4] + b"\nx"])), False),
     "metadata and value swapped": (_swap_fields, False),
     "value missing": (lambda c, keys, name: c.hdel(keys[0], f"v:{name}"), True),
+    "compressed value cut short": (_cut_value, True),
+    "compressed value not zlib": (lambda c, keys, name: c.hset(keys[0], f"v:{name}", b"not zlib at all"), True),
 }
 
 
@@ -1119,6 +1133,76 @@ def test_damaged_record_is_corrupt_on_every_read_path(any_redis: RedisBackend, d
             assert damaged[label, path] == ("corrupt", target), (label, path)
         else:
             assert damaged[label, path] == before, (label, path)
+
+
+def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBackend) -> None:
+    """A large compressible value is stored zlib-compressed (its metadata ends
+    with the flag); small, incompressible and staged values are stored raw;
+    every read path gives the values back as written."""
+    b = each_redis
+    p = Partition("zip", "items", "z-" + uuid.uuid4().hex[:8])
+    noise = random.Random(7).randbytes(4000)
+    values = {"c/big": b"abc" * 2000, "c/noise": noise, "c/small": b"s" * 100, "b/blob": b"blob" * 1000}
+    puts = [make_put(n, v, tags={"k": "v"}) for n, v in values.items() if n != "b/blob"]
+    puts.append(make_put("b/blob", values["b/blob"], mode=Mode.APPEND, staged=True))
+    assert b.write(p, puts).conflict is None
+    c, r = raw_client(b), b.keys_of(p)[0]
+    stored = {n: c.hmget(r, [f"m:{n}", f"v:{n}"]) for n in values}
+    assert stored["c/big"][0].endswith(b"\nz") and len(stored["c/big"][1]) < 200
+    assert zlib.decompress(stored["c/big"][1]) == values["c/big"]
+    for n in ("c/noise", "c/small", "b/blob"):  # not worth it, too small, staged
+        assert not stored[n][0].endswith(b"\nz") and stored[n][1] == values[n], n
+    assert {rec.name: rec.value for rec in b.get(p, list(values))} == values  # type: ignore[union-attr]
+    listed = b.list(p, ListQuery())
+    assert {rec.name: rec.value for rec in listed} == values
+    assert all(rec.value == b"" and rec.tags for rec in b.list(p, ListQuery(prefix="c/", values=False)))
+    assert [rec.value for rec in b.list(p, ListQuery(tags={"k": "v"}, order="seq"))] == [
+        values["c/big"], noise, values["c/small"]]
+    assert {rec.name: rec.value for rec in b.many([GetOp(p, list(values))])[0]} == values  # type: ignore[union-attr]
+    assert {rec.name: rec.value for rec in asyncio.run(b.alist(p, ListQuery()))} == values
+    # an append of the same content returns the stored record, decompressed
+    again = b.write(p, [make_put("c/big", values["c/big"], mode=Mode.APPEND)])
+    big = next(rec for rec in listed if rec.name == "c/big")
+    assert again.records[0].value == values["c/big"] and again.records[0].etag == big.etag
+    # a refused batch reports the stored record, decompressed
+    refused = b.write(p, [make_put("c/big", b"other", mode=Mode.CREATE)])
+    assert refused.conflict is not None and refused.conflict.existing.value == values["c/big"]  # type: ignore[union-attr]
+
+
+def test_records_of_the_previous_format_are_read(each_redis: RedisBackend) -> None:
+    """Before compression every value was stored raw, its metadata without the
+    flag: such records read as they did, and a write over one stores the new way."""
+    b = each_redis
+    p = Partition("zip", "items", "old-" + uuid.uuid4().hex[:8])
+    value = b"old format " * 300
+    assert b.write(p, [make_put("c/old", value, tags={"k": "v"})]).conflict is None
+    c, r = raw_client(b), b.keys_of(p)[0]
+    meta = c.hget(r, "m:c/old")
+    c.hset(r, mapping={"m:c/old": meta[:-2], "v:c/old": value})  # as the previous code stored it
+    (rec,) = b.get(p, ["c/old"])
+    assert rec is not None and rec.value == value and rec.tags == {"k": "v"}
+    assert [x.value for x in b.list(p, ListQuery(tags={"k": "v"}))] == [value]
+    assert b.write(p, [make_put("c/old", value + b"!", if_match=rec.etag, mode=Mode.IF_MATCH)]).conflict is None
+    assert c.hget(r, "m:c/old").endswith(b"\nz")
+    assert b.get(p, ["c/old"])[0].value == value + b"!"  # type: ignore[union-attr]
+
+
+def test_whole_partition_seq_index_of_the_previous_format_goes_at_the_next_write(each_redis: RedisBackend) -> None:
+    """The previous layout also indexed every record under the ancestor "" (members
+    "|<seq16>|<name>"): reads ignore such members, the next write removes them all."""
+    b = each_redis
+    p = Partition("old", "items", "x-" + uuid.uuid4().hex[:8])
+    fill(b, p, 12)
+    c, x = raw_client(b), b.keys_of(p)[2]
+    before = c.zcard(x)
+    c.zadd(x, {f"|{rec.seq:016d}|{rec.name}": 0 for rec in b.list(p, ListQuery())})  # as the previous code did
+    c.zadd(x, {"|0000000000000099|c/_000001": 0})  # a stray one (damage): never read any more
+    assert [r.name for r in b.list(p, ListQuery(order="seq", descending=True, limit=3))] == [
+        "c/_000011", "c/_000010", "c/_000009"]
+    assert [r.seq for r in b.list(p, ListQuery(prefix="c/", order="seq", limit=2))] == [1, 2]
+    assert b.write(p, [make_put("c/_000012", b"v")]).conflict is None
+    assert c.zcard(x) == before + 1  # the new record under its one ancestor, "c/"
+    assert c.zrangebylex(x, "[|", "(}") == []
 
 
 def test_the_list_script_reports_damage_not_an_outage(each_redis: RedisBackend) -> None:
@@ -1198,16 +1282,16 @@ def test_index_entries_that_disagree_with_the_record_are_corrupt(any_redis: Redi
     for (label, path), before in healthy.items():
         if label in by_seq:
             assert got[label, path] == ("corrupt", PICK), (label, path)
-        elif label != "list in seq order, sorted":  # sorts by the seq it finds
+        elif label not in ("list in seq order, sorted", "list in seq order, all"):  # sort by the seq they find
             assert [row[:5] for row in got[label, path]] == [row[:5] for row in before], (label, path)  # type: ignore[index, union-attr]
     c.hset(r, f"m:{PICK}", meta)
     assert _every_read(b, p) == healthy
     # a stray seq index entry naming a real record
-    c.zadd(x, {"|0000000000000500|c/b": 0})
+    c.zadd(x, {"c/|0000000000000500|c/b": 0})
     with pytest.raises(CorruptItemError) as info:
-        b.list(p, ListQuery(order="seq", descending=True, limit=1))
+        b.list(p, ListQuery(prefix="c/", order="seq", descending=True, limit=1))
     assert info.value.key == "c/b"
-    c.zrem(x, "|0000000000000500|c/b")
+    c.zrem(x, "c/|0000000000000500|c/b")
     # a record whose tags JSON says another value than its index entries
     c.hset(r, f"m:{PICK}", meta.replace(b'{"k":"v"}', b'{"k":"w"}'))
     got = _every_read(b, p)

@@ -27,6 +27,7 @@ import asyncio
 import builtins
 import functools
 import json
+import zlib
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -74,6 +75,11 @@ _SEQ_DIGITS = 16
 #: How many partitions a backend remembers having filled (then it starts over).
 _FILLED_MAX = 10_000
 _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting with p
+#: A value of at least this many bytes that is not a staged blob is stored
+#: zlib-compressed (level 1) when that saves at least an eighth of it.
+_SQUEEZE_MIN = 1024
+#: The metadata's last line when the value is stored compressed (records without it are raw).
+_SQUEEZED = b"\nz"
 _T = TypeVar("_T")
 
 
@@ -167,13 +173,20 @@ def _pad(seq: int) -> str:
     return f"{seq:0{_SEQ_DIGITS}d}"
 
 
-def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
+def _record(name: str | bytes, meta: bytes, value: bytes | None, stored: bool = True) -> Record:
     """The record stored as ``meta`` and ``value``; damage raises :class:`CorruptItemError`.
 
-    On every read, so only cheap checks; :func:`_damage` says what is wrong.
+    ``stored``: ``value`` is the field as stored (decompressed when the
+    metadata says so); else it is the record's value already (the put's own
+    value, or ``b""`` for a listing without values). On every read, so only
+    cheap checks; :func:`_damage` says what is wrong.
     """
     try:
         seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
+        if tags[-2:] == _SQUEEZED:
+            tags = tags[:-2]
+            if stored and value is not None:
+                value = zlib.decompress(value)
         if tags == b"{}":
             parsed: Any = {}
         else:
@@ -187,16 +200,16 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None) -> Record:
             if name.__class__ is not str:
                 name = name.decode("ascii")  # type: ignore[union-attr]
             return Record(name, value, parsed, etag.decode(), digest.decode("ascii"), int(seq))
-    except (ValueError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError, JSONDecodeError too
+    except (ValueError, TypeError, AttributeError, RecursionError, zlib.error):  # UnicodeDecodeError, JSONDecodeError
         pass
-    raise CorruptItemError(_label(name), _damage(meta, value))
+    raise CorruptItemError(_label(name), _damage(meta, value, stored))
 
 
 def _label(name: str | bytes) -> str:
     return name if isinstance(name, str) else name.decode("ascii", "backslashreplace")
 
 
-def _damage(meta: Any, value: Any) -> str:
+def _damage(meta: Any, value: Any, stored: bool = True) -> str:
     """What is wrong with a record stored as ``meta`` and ``value`` (that :func:`_record` refused)."""
     if not isinstance(meta, bytes):
         return f"its metadata is a {type(meta).__name__}, not bytes"
@@ -204,6 +217,8 @@ def _damage(meta: Any, value: Any) -> str:
     if len(fields) < 5:
         return f"its metadata has {len(fields)} of its 5 newline-separated fields (seq, etag, digest, tag pairs, tags)"
     seq, etag, digest, _pairs, tags = fields
+    squeezed = tags[-2:] == _SQUEEZED
+    tags = tags[:-2] if squeezed else tags
     if not seq.isdigit():
         return f"its seq {seq[:40]!r} is not an integer"
     for what, raw, codec in (("etag", etag, "utf-8"), ("digest", digest, "ascii")):
@@ -224,6 +239,11 @@ def _damage(meta: Any, value: Any) -> str:
         return "its value is missing (the metadata is there)"
     if not isinstance(value, bytes):
         return f"its value is a {type(value).__name__}, not bytes"
+    if squeezed and stored:
+        try:
+            zlib.decompress(value)
+        except zlib.error as exc:
+            return f"its value does not decompress (its metadata says zlib: {exc})"
     return "its name is not ASCII"
 
 
@@ -236,7 +256,7 @@ def _script_damage(reply: Sequence[Any]) -> CorruptItemError:
     name, reason, meta = _label(reply[1]), reply[2], reply[3]
     if meta is not None:
         try:
-            _record(name, meta, b"")
+            _record(name, meta, b"", stored=False)
         except CorruptItemError as exc:
             return exc
     return CorruptItemError(name, reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason))
@@ -267,7 +287,7 @@ def _written(put: Put, meta: bytes) -> Record:
     seq, etag, _ = meta.split(b"\n", 2)
     if etag == put.etag.encode():
         return Record(put.name, put.value, dict(put.tags), put.etag, put.digest, int(seq))
-    return _record(put.name, meta, put.value)
+    return _record(put.name, meta, put.value, stored=False)
 
 
 _MODES = {Mode.UPSERT: "u", Mode.CREATE: "c", Mode.APPEND: "a", Mode.IF_MATCH: "i"}
@@ -295,6 +315,7 @@ def _write_args(
         if "\n" in put.etag or "\n" in put.digest:
             raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
         staged = ahead and _sent_ahead(put)
+        value, tags = _squeezed(put)
         args += [
             put.name,
             "s" if staged else _MODES[put.mode],
@@ -302,13 +323,29 @@ def _write_args(
             put.etag,
             put.digest,
             " ".join(_tag_pairs(put.tags)) if put.tags else "",
-            tags_json(put.tags),
+            tags,
             " ".join(_ancestors(put.name)),
-            b"" if staged else put.value,
+            b"" if staged else value,
         ]
     for d in deletes:
         args += [d.name, "0" if d.if_match is None else "1", d.if_match or "", " ".join(_ancestors(d.name))]
     return args
+
+
+def _squeezed(put: Put) -> tuple[bytes, str | bytes]:
+    """The value to store for ``put`` and the metadata's tags line (which says how it is stored).
+
+    A large value is compressed when that pays (:data:`_SQUEEZE_MIN`); a
+    staged blob never is: its field may be shared with writers that send it
+    ahead, raw.
+    """
+    tags = tags_json(put.tags)
+    if put.staged or len(put.value) < _SQUEEZE_MIN:
+        return put.value, tags
+    packed = zlib.compress(put.value, 1)
+    if len(packed) > len(put.value) - (len(put.value) >> 3):
+        return put.value, tags
+    return packed, tags.encode() + _SQUEEZED
 
 
 def _list_args(query: ListQuery) -> list[Any] | None:
@@ -690,7 +727,8 @@ class RedisBackend(Backend):
         out = reply.values[0]
         if out and out[0].__class__ is int:  # damaged stored data (see guarded())
             raise _script_damage(out)
-        records = [_record(out[i], out[i + 1], out[i + 2]) for i in range(0, len(out), 3)]
+        stored = query.values
+        records = [_record(out[i], out[i + 1], out[i + 2], stored) for i in range(0, len(out), 3)]
         if query.tags:
             # the script filters on the metadata's tag pairs (and indexes): the
             # tags a record returns must say the same (children are unfiltered)

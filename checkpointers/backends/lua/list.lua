@@ -147,8 +147,7 @@ end
 local function index_is_cheaper()
   local under = redis.call("ZLEXCOUNT", n, "[" .. prefix, "(" .. prefix .. "\255")
   if under == 0 then return false end
-  local family = redis.call("ZCARD", n)
-  if anc ~= "" then family = redis.call("ZLEXCOUNT", n, "[" .. anc, "(" .. anc .. "\255") end
+  local family = redis.call("ZLEXCOUNT", n, "[" .. anc, "(" .. anc .. "\255")
   local wanted = under
   if limit >= 0 and limit < under then wanted = limit end
   return wanted * family / under <= 2 * under
@@ -178,8 +177,9 @@ elseif not by_seq then
   local lo = "-"
   if nlo ~= "" then lo = "[" .. nlo end
   scan(n, lo, hi, 1, 0, false, true)
-elseif prefix ~= anc and not index_is_cheaper() then
-  -- few names under the prefix: read them all and sort by seq
+elseif anc == "" or (prefix ~= anc and not index_is_cheaper()) then
+  -- no indexed ancestor (the whole partition has no seq index), or few
+  -- names under the prefix: read them all and sort by seq
   local rows = {}
   local lo_seq = tonumber(slo) or 0
   local hi_seq = tonumber(shi)

@@ -122,7 +122,6 @@ local function unindex(name, k, ancestors)  -- the index members of stored recor
     return
   end
   local s, pairs = pad(s_seq[k]), s_pairs[k]
-  x_old[#x_old + 1] = "|" .. s .. "|" .. name
   for a in string.gmatch(ancestors, "[^ ]+") do x_old[#x_old + 1] = a .. "|" .. s .. "|" .. name end
   for p in string.gmatch(pairs, "[^ ]+") do
     t_old[#t_old + 1] = "s" .. p .. "|" .. s .. "|" .. name
@@ -155,7 +154,6 @@ for i = 0, np - 1 do
     if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
     -- scores are the string "0": a Lua number would be formatted for every member
     push(n_new, "0", name)
-    push(x_new, "0", "|" .. s .. "|" .. name)
     for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end
     for p in string.gmatch(pairs, "[^ ]+") do
       push(t_new, "0", "s" .. p .. "|" .. s .. "|" .. name)
@@ -173,6 +171,10 @@ for j = 0, nd - 1 do
   end
 end
 apply("ZREM", x, x_old)
+-- members of the whole partition's seq index ("|<seq16>|<name>"), which
+-- records written before it was dropped still have: gone at the first write
+-- (one lookup when there are none)
+redis.call("ZREMRANGEBYLEX", x, "[|", "(}")
 apply("ZREM", t, t_old)
 local n_old = {}
 for j = 0, nd - 1 do

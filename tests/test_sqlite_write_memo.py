@@ -17,7 +17,7 @@ import pytest
 
 from checkpointers._flows import make_put, new_etag
 from checkpointers._names import Partition
-from checkpointers.backends.base import Delete, ListQuery, Mode, Put
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put, Record
 from checkpointers.backends.sqlite import SqliteBackend
 
 P = Partition("alice", "langgraph", "t1")
@@ -161,3 +161,43 @@ def test_appends_compare_content_digests_not_seals(pair) -> None:  # type: ignor
             assert clash.conflict is not None and clash.conflict.existing is not None
             assert clash.conflict.existing.digest == "abc.x"
     assert a.get(P, ["x"])[0] == stored
+
+
+def _reput(record: Record) -> Put:
+    """The lease guard's re-put: the stored record under its own etag, conditioned on it."""
+    return Put(record.name, record.value, record.digest, record.etag, dict(record.tags), Mode.IF_MATCH, record.etag)
+
+
+def _reads(backend: SqliteBackend) -> list[str]:
+    """The statements the backend's writer connection runs from now on."""
+    statements: list[str] = []
+    assert backend._wconn is not None
+    backend._wconn.set_trace_callback(statements.append)
+    return statements
+
+
+def test_an_unchanged_reput_the_memo_knows_is_written_without_reading(pair) -> None:  # type: ignore[no-untyped-def]
+    """A batch of new names plus an unchanged IF_MATCH re-put of a record this writer wrote: no read.
+
+    The condition is judged from the memo only while no other connection has
+    committed; a lease moved by another writer meanwhile still refuses the batch.
+    """
+    a, b = pair
+    (lease,) = a.write(P, [make_put("lease", b"vacant", mode=Mode.CREATE)]).records
+    traced = _reads(a)
+    done = a.write(P, [_reput(lease), make_put("c1", b"c", mode=Mode.APPEND)])
+    assert done.conflict is None and done.records[0] == lease and done.records[1].seq == lease.seq + 1
+    assert not [s for s in traced if s.lstrip().upper().startswith("SELECT")], traced
+    # another writer takes the lease: the stale re-put is refused, nothing of its batch written
+    (taken,) = b.write(P, [make_put("lease", b"bob", mode=Mode.IF_MATCH, if_match=lease.etag)]).records
+    refused = a.write(P, [_reput(lease), make_put("c2", b"c", mode=Mode.APPEND)])
+    assert refused.conflict is not None and refused.conflict.index == 0
+    assert refused.conflict.existing is not None and refused.conflict.existing.etag == taken.etag
+    assert "c2" not in _seqs(b, P)
+    # a re-put of what is stored now goes through (read, then remembered), and a changed one is a rewrite
+    assert a.write(P, [_reput(taken), make_put("c3", b"c", mode=Mode.APPEND)]).conflict is None
+    assert a.write(P, [_reput(taken), make_put("c4", b"c", mode=Mode.APPEND)]).conflict is None
+    other = Put("lease", b"carol", taken.digest, "e-new", {}, Mode.IF_MATCH, taken.etag)  # same digest, new etag
+    (rewritten, _) = a.write(P, [other, make_put("c5", b"c", mode=Mode.APPEND)]).records
+    assert rewritten.etag == "e-new" and b.get(P, ["lease"])[0].etag == "e-new"  # type: ignore[union-attr]
+    assert _seqs(a, P) == _seqs(b, P)

@@ -83,11 +83,19 @@ Schema (version = position in :data:`MIGRATIONS`)
     one row per record, primary key ``(pkey, name)`` where ``pkey`` is
     :attr:`Partition.key`; ``value`` is the last column so reading metadata
     never touches a large value's overflow pages. Index ``(pkey, seq)``.
-``tags(pkey, name, k, v, seq)``
+``tags(pkey, k, v, name, seq)``
     one row per tag, written in the same transaction as ``records`` and
-    rewritten with it (so ``seq`` is always the record's). Indexed on
-    ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a tag query walks the
-    index of its order and, with a limit, stops after that many matches.
+    rewritten with it (so ``seq`` is always the record's), keyed
+    ``(pkey, k, v, name)`` (``WITHOUT ROWID``) and indexed on
+    ``(pkey, k, v, seq)``: a tag query walks the b-tree of its order and,
+    with a limit, stops after that many matches. A rewrite or delete removes
+    a record's tag rows by their keys, from the tags its own row carries.
+
+Etags and digests of the shapes this library writes (32 hex digits;
+``<sha256>`` or ``<sha256>.u<seal>``) are stored as the bytes of their hex
+(:func:`_pack_etag`, :func:`_pack_digest`), any other as text; with the
+smaller tag rows this fits a 3 x 1 KB checkpoint and its writes' record in
+one 4 KiB page, where v4 rows needed two pages.
 ``partitions(pkey, user_key, name)``
     the raw partition name of every non-empty partition (``Partition.key``
     hashes long names, so they cannot be decoded back); a row is removed when
@@ -243,6 +251,25 @@ MIGRATIONS: list[str] = [
     ALTER TABLE partitions ADD COLUMN expires_at REAL;
     CREATE INDEX partitions_expiry ON partitions (expires_at) WHERE expires_at IS NOT NULL
     """,
+    # v5: smaller rows. Etags and digests of the usual shapes are stored as
+    # bytes (half their hex; rows written before stay text, both are read).
+    # The tag rows are keyed (pkey, k, v, name): the name-order index is the
+    # table itself, so a tag row is in two b-trees, not three; a write
+    # replaces a record's tag rows by their keys (the stored tags say which).
+    """
+    CREATE TABLE tags_v5 (
+        pkey TEXT    NOT NULL,
+        k    TEXT    NOT NULL,
+        v    TEXT    NOT NULL,
+        name TEXT    NOT NULL,
+        seq  INTEGER NOT NULL,
+        PRIMARY KEY (pkey, k, v, name)
+    ) WITHOUT ROWID;
+    INSERT INTO tags_v5 (pkey, k, v, name, seq) SELECT pkey, k, v, name, seq FROM tags;
+    DROP TABLE tags;
+    ALTER TABLE tags_v5 RENAME TO tags;
+    CREATE INDEX tags_seq ON tags (pkey, k, v, seq)
+    """,
 ]
 
 #: The schema version this module writes.
@@ -378,10 +405,11 @@ def _record(row: Sequence[Any]) -> Record:
 
     The hot path of every read: the columns' types are checked with ``type(x)
     is T`` (no conversion), and the tags column is parsed only when it is not
-    ``"{}"`` (blobs and writes, most records). Only a failing row pays for
-    finding out what is wrong with it (:func:`_damaged`). Never returns
-    another type than the schema's in a field, and never converts one
-    (``bytes(5)`` would be five zero bytes).
+    ``"{}"`` (blobs and writes, most records). A packed etag or digest (a
+    blob, :func:`_pack_etag`) is unpacked; a blob of another length is
+    damage. Only a failing row pays for finding out what is wrong with it
+    (:func:`_damaged`). Never returns another type than the schema's in a
+    field, and never converts one (``bytes(5)`` would be five zero bytes).
     """
     name, seq, etag, digest, tags, value = row
     if tags == "{}":
@@ -390,12 +418,70 @@ def _record(row: Sequence[Any]) -> Record:
         parsed = _parse_tags(tags) if type(tags) is str else None
         if type(parsed) is not dict or not all(type(v) is str for v in parsed.values()):
             raise _damaged(row)
+    if type(etag) is bytes and len(etag) == _ETAG_BYTES:
+        etag = etag.hex()
+    if type(digest) is bytes:
+        digest = _unpack_digest(digest)
     if (
         type(seq) is int and type(name) is str and type(etag) is str and type(digest) is str
         and type(value) is bytes
     ):
         return Record(name, value, parsed, etag, digest, seq)
     raise _damaged(row)
+
+
+#: The etags :func:`~checkpointers._flows.new_etag` makes: 32 lowercase hex digits, stored as 16 bytes.
+_ETAG_BYTES = 16
+#: The sealed digests of :class:`~checkpointers._integrity.Integrity` without a key:
+#: ``<sha256 hex>.u<128-bit hex>`` (98 characters), stored as 48 bytes; a bare
+#: ``<sha256 hex>`` (64) as 32.
+_SEAL_MARK = ".u"
+
+
+def _pack_etag(etag: str) -> str | bytes:
+    """The stored form of an etag: 16 bytes for 32 lowercase hex digits, else the text itself.
+
+    Injective: only a string that :func:`_record` turns back into itself is
+    packed (``bytes.fromhex`` also takes upper case and spaces), and a text
+    cell is never unpacked. Halves the etag's bytes in every row.
+    """
+    if len(etag) == 2 * _ETAG_BYTES:
+        try:
+            packed = bytes.fromhex(etag)
+        except ValueError:
+            return etag
+        if packed.hex() == etag:
+            return packed
+    return etag
+
+
+def _pack_digest(digest: str) -> str | bytes:
+    """The stored form of a digest: the bytes of its hex parts when :func:`_unpack_digest` gives it back."""
+    if len(digest) == 64 or (len(digest) == 98 and digest[64:66] == _SEAL_MARK):
+        try:
+            packed = bytes.fromhex(digest[:64]) + bytes.fromhex(digest[66:])
+        except ValueError:
+            return digest
+        if _unpack_digest(packed) == digest:
+            return packed
+    return digest
+
+
+def _unpack_digest(packed: bytes) -> str | None:
+    """A packed digest's text (``None``: a blob :func:`_pack_digest` never writes, i.e. damage)."""
+    if len(packed) == 48:
+        return f"{packed[:32].hex()}{_SEAL_MARK}{packed[32:].hex()}"
+    return packed.hex() if len(packed) == 32 else None
+
+
+def _unpacked(row: Sequence[Any]) -> list[Any]:
+    """``row`` with a validly packed etag and digest as text (what :func:`_record` checks next)."""
+    cells = list(row)
+    if type(cells[2]) is bytes and len(cells[2]) == _ETAG_BYTES:
+        cells[2] = cells[2].hex()
+    if type(cells[3]) is bytes:
+        cells[3] = _unpack_digest(cells[3])
+    return cells
 
 
 #: The C scanner ``json.loads`` calls after its own checks and whitespace skipping
@@ -435,6 +521,7 @@ _SHAPES: tuple[tuple[str, type, str], ...] = (
 
 def _damaged(row: Sequence[Any]) -> CorruptItemError:
     """The error for a ``records`` row that :func:`_record` refused, naming the record and the column."""
+    row = _unpacked(row)
     name = row[0]
     key = name if type(name) is str else repr(name)
     wrong = [
@@ -470,24 +557,28 @@ def _shown(cell: Any) -> str:
 #: or a delete without condition replaces or removes it.
 _NO_ETAG = "\x00damaged"
 _NO_DIGEST = "\x00damaged"
+#: The tags of a damaged row in what a write reads: unknown, so its tag rows
+#: are found by name (a scan of the partition's tag rows) to be replaced.
+_DAMAGED_TAGS: Mapping[str, str] = {}
 
 
 def _stored(row: Sequence[Any]) -> Record:
     """:func:`_record` for the write path: a damaged row is returned with stand-ins, never raised.
 
     A write only needs the etag (``if_match``), the digest (appends) and the
-    seq (deletes raise ``seq_counter`` to it) of what it touches. A damaged
-    field gets a stand-in that no condition matches and that never raises
-    ``seq_counter``; the value is never read from here.
+    seq (deletes raise ``seq_counter`` to it) of what it touches, and its tags
+    (their rows are replaced by key). A damaged field gets a stand-in that no
+    condition matches and that never raises ``seq_counter``, a damaged row
+    the tags :data:`_DAMAGED_TAGS`; the value is never read from here.
     """
     try:
         return _record(row)
     except CorruptItemError:
-        name, seq, etag, digest = row[:4]
+        name, seq, etag, digest = _unpacked(row)[:4]
         return Record(
             name,
             b"",
-            {},
+            _DAMAGED_TAGS,
             etag if type(etag) is str else _NO_ETAG,
             _NO_DIGEST if type(digest) is not str else digest,
             seq if type(seq) is int else 0,
@@ -720,6 +811,11 @@ _INSERT_NEW = _INSERT + "ON CONFLICT (pkey, name) DO NOTHING"
 _INSERT_TAGS = "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)"
 #: Modes whose puts are written as given exactly when their name is absent.
 _NEW_NAME_MODES = (Mode.APPEND, Mode.CREATE)
+#: Modes a write may take without reading first (``IF_MATCH``: an unchanged re-put the memo knows).
+_MEMO_MODES = (Mode.APPEND, Mode.CREATE, Mode.IF_MATCH)
+#: Conditioned records (``CREATE`` / ``IF_MATCH``, e.g. a lease) a writer remembers per partition.
+_MEMO_RECORDS = 8
+_CONDITIONED = (Mode.CREATE, Mode.IF_MATCH)
 #: Partitions whose next seq a writer connection remembers (a bound, not an LRU).
 _MEMO_SIZE = 4096
 #: ``PRAGMA auto_vacuum`` value of ``NONE`` (no page map: free pages cannot be given back).
@@ -752,6 +848,8 @@ class _Connection(sqlite3.Connection):
         super().__init__(*args, **kwargs)
         self.version: int | None = None
         self.bases: dict[str, int] = {}
+        #: by partition: name -> (etag, digest, seq) of conditioned records it wrote (no values: small)
+        self.records: dict[str, dict[str, tuple[str, str, int]]] = {}
         self.vacuums: bool | None = None  #: ``auto_vacuum`` is not ``NONE`` (None: not asked yet)
         self.retention: list[Retention] = []  #: the owning backend's retention, boxed (see :func:`_ttl`)
 
@@ -760,24 +858,43 @@ class _Connection(sqlite3.Connection):
         (version,) = self.execute("PRAGMA data_version").fetchone()
         if version != self.version:
             self.bases.clear()
+            self.records.clear()
             self.version = version
             return None
         return self.bases.get(pkey)
 
-    def wrote(self, pkey: str, base: int | None, everywhere: bool) -> None:
+    def known_record(self, pkey: str, name: str) -> tuple[str, str, int] | None:
+        """``(etag, digest, seq)`` of ``name`` as this connection last wrote it (once :meth:`known_base` is current)."""
+        return self.records.get(pkey, {}).get(name)
+
+    def wrote(
+        self, pkey: str, base: int | None, everywhere: bool,
+        puts: Sequence[Put] = (), records: Sequence[Record] = (),
+    ) -> None:
         """After a commit: ``pkey`` now counts up from ``base`` (``None``: unknown).
 
         ``everywhere``: the commit deleted records, which raises the shared
         ``seq_counter`` and may remove a ``partitions`` row, so nothing is kept.
+        The records of the batch's ``CREATE`` / ``IF_MATCH`` puts (what the
+        commit left: written or kept) are remembered for :meth:`known_record`.
         """
         if everywhere:
             self.bases.clear()
+            self.records.clear()
         elif base is None:
             self.bases.pop(pkey, None)
+            self.records.pop(pkey, None)
         else:
             if len(self.bases) >= _MEMO_SIZE and pkey not in self.bases:
                 self.bases.clear()
+                self.records.clear()
             self.bases[pkey] = base
+            conditioned = [r for p, r in zip(puts, records, strict=True) if p.mode in _CONDITIONED]
+            if conditioned:
+                mine = self.records.setdefault(pkey, {})
+                if len(mine) + len(conditioned) > _MEMO_RECORDS:
+                    mine.clear()
+                mine.update((r.name, (r.etag, r.digest, r.seq)) for r in conditioned)
 
 
 def _free_pages(conn: sqlite3.Connection) -> int:
@@ -873,7 +990,7 @@ def _rows(
         seq += 1
         seqs[i] = seq
         name, tags = put.name, put.tags
-        rows.append((pkey, name, seq, put.etag, put.digest, tags_json(tags), put.value))
+        rows.append((pkey, name, seq, _pack_etag(put.etag), _pack_digest(put.digest), tags_json(tags), put.value))
         tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
     return seqs, rows, tag_rows
 
@@ -898,7 +1015,7 @@ def _write(
     after: int | None = None
     # The fast path writes no partitions row, so it runs only for a backend without a ttl: its
     # memo is then set by its own checked writes, which left the partition without expiry.
-    if memo is not None and _ttl(memo) is None and not deletes and all(p.mode in _NEW_NAME_MODES for p in puts):
+    if memo is not None and _ttl(memo) is None and not deletes and all(p.mode in _MEMO_MODES for p in puts):
         with _transaction(conn, immediate=True):
             result, after = _write_new(memo, partition, puts)
     reclaimed: tuple[int, bool] | None = None
@@ -906,7 +1023,7 @@ def _write(
         with _transaction(conn, immediate=True):
             result, after, reclaimed = _write_checked(conn, partition, puts, deletes)
     if memo is not None and result.conflict is None:
-        memo.wrote(partition.key, after, bool(deletes) or reclaimed is not None)
+        memo.wrote(partition.key, after, bool(deletes) or reclaimed is not None, puts, result.records)
     if reclaimed is not None:
         _after_deletes(conn, *reclaimed)
     return result
@@ -921,20 +1038,32 @@ def _write_new(
     the seqs need no query and the partition has its ``partitions`` row; the
     insert skips names that exist, and if it skipped any, the transaction is
     rolled back and ``(None, None)`` returned: the checked path then decides
-    (an append no-op or a conflict), in a transaction of its own. Without a
-    remembered base, the checked path runs in this transaction.
+    (an append no-op or a conflict), in a transaction of its own. An
+    ``IF_MATCH`` put is taken here only as an unchanged re-put of a record the
+    memo holds (:meth:`_Connection.known_record`: this connection wrote it
+    and nobody has committed since), so its condition holds and it is kept.
+    Without a remembered base or record, the checked path runs in this transaction.
     """
     pkey = partition.key
     base = conn.known_base(pkey)
+    kept: dict[str, Record] = {}
+    for put in puts:
+        if base is not None and put.mode is Mode.IF_MATCH:
+            known = conn.known_record(pkey, put.name)
+            if known is None or not (put.etag == put.if_match == known[0] and put.digest == known[1]):
+                base = None
+            else:
+                kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, known[2])
     if base is None:
         return _write_checked(conn, partition, puts, ())[:2]
-    seqs, rows, tag_rows = _rows(pkey, puts, base)
-    if conn.executemany(_INSERT_NEW, rows).rowcount != len(rows):
+    skipped = {i for i, put in enumerate(puts) if put.name in kept}
+    seqs, rows, tag_rows = _rows(pkey, puts, base, skipped)
+    if rows and conn.executemany(_INSERT_NEW, rows).rowcount != len(rows):
         conn.execute("ROLLBACK")
         return None, None
     if tag_rows:
         conn.executemany(_INSERT_TAGS, tag_rows)
-    return WriteResult(records=_applied(puts, seqs, {})), base + len(rows)
+    return WriteResult(records=_applied(puts, seqs, kept)), base + len(rows)
 
 
 def _write_checked(
@@ -962,8 +1091,17 @@ def _write_checked(
         conn.execute("ROLLBACK")
         return WriteResult(records=[], conflict=Conflict(conflict.index, conflict.name, stored)), None, None
 
-    # Append no-ops keep the stored record (and its seq); the rest are applied.
+    # Append no-ops keep the stored record (and its seq), and so do unchanged
+    # re-puts (their condition held, the stored record is the put); the rest are applied.
     kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
+    for i, put in enumerate(puts):
+        stored = existing.get(put.name)
+        if (  # the stored record itself under its own etag (an intact row: a damaged one is rewritten)
+            stored is not None and put.mode is Mode.IF_MATCH and put.etag == put.if_match == stored.etag
+            and put.digest == stored.digest and stored.tags is not _DAMAGED_TAGS
+        ):
+            kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, stored.seq)
+            noops.append(i)
     seqs, rows, tag_rows = _rows(pkey, puts, base, set(noops))
     if rows:
         conn.executemany(_INSERT_OR_REPLACE, rows)
@@ -979,7 +1117,7 @@ def _write_checked(
     # removes them), so new names (blobs, checkpoints) skip the DELETE.
     retagged = [puts[i].name for i in seqs if puts[i].name in existing] + [d.name for d in deletes]
     if retagged:
-        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", [(pkey, n) for n in retagged])
+        _untag(conn, pkey, [existing[n] for n in retagged if n in existing])
     if tag_rows:
         conn.executemany(_INSERT_TAGS, tag_rows)
     reclaimed = None
@@ -999,6 +1137,24 @@ def _write_checked(
         reclaimed = purged
     after = base + len(rows) if has_partition else None
     return WriteResult(records=_applied(puts, seqs, kept)), after, reclaimed
+
+
+def _untag(conn: sqlite3.Connection, pkey: str, stored: Sequence[Record]) -> None:
+    """Delete the tag rows of ``stored`` records (being rewritten or deleted), by their keys.
+
+    A record's tag rows are the tags its own row carries, so a record without
+    tags costs no statement. A damaged row (:data:`_DAMAGED_TAGS`) has its
+    tag rows found by name: a scan of the partition's tag rows, as rare as
+    the damage.
+    """
+    keyed = [
+        (pkey, _text(k), _text(v), r.name) for r in stored if r.tags is not _DAMAGED_TAGS for k, v in r.tags.items()
+    ]
+    if keyed:
+        conn.executemany("DELETE FROM tags WHERE pkey = ? AND k = ? AND v = ? AND name = ?", keyed)
+    damaged = [(pkey, r.name) for r in stored if r.tags is _DAMAGED_TAGS]
+    if damaged:
+        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", damaged)
 
 
 def _ttl(conn: sqlite3.Connection) -> float | None:
@@ -1096,7 +1252,7 @@ def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int,
     """A tag-filtered list, driven by the first tag's index in the query's order.
 
     The rows of the first tag are walked in ``tags_seq`` (``pkey, k, v, seq``)
-    or ``tags_kv`` (``pkey, k, v, name``) order, so the ``ORDER BY`` is the
+    or the table's own key (``pkey, k, v, name``) order, so the ``ORDER BY`` is the
     index order (no sort) and a limit stops the walk after that many matches:
     "the newest record with tag X" is one index seek. Every other tag is
     checked per row by a primary-key lookup, and prefix and range filters on
@@ -1104,14 +1260,14 @@ def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int,
     matches many records but whose other tags match few walks the first
     tag's rows; put the most selective tag first. ``cols`` may name ``t.{order}``.
     """
-    index = "tags_seq" if order == "seq" else "tags_kv"
+    index = "INDEXED BY tags_seq" if order == "seq" else "NOT INDEXED"  # the table's own key: name order
     where = ["t.pkey = ?", "t.k = ?", "t.v = ?"]
     where += [
         "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name AND o.k = ? AND o.v = ?)"
     ] * (tags - 1)
     where += [*_range_sql("t", order, shape), "r.pkey = t.pkey", "r.name = t.name", _LIVE1]
     sql = (
-        f"SELECT {cols.format(order=order)} FROM tags AS t INDEXED BY {index} CROSS JOIN records AS r "
+        f"SELECT {cols.format(order=order)} FROM tags AS t {index} CROSS JOIN records AS r "
         f"WHERE {' AND '.join(where)} ORDER BY t.{order} {direction}"
     )
     return sql + " LIMIT ?" if limited else sql

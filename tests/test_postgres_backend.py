@@ -14,6 +14,7 @@ sync and async, side by side with LangGraph's ``PostgresSaver``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import pytest
 from checkpointers import BackendUnavailableError
 from checkpointers._flows import make_put
 from checkpointers._names import Partition
-from checkpointers.backends.base import Delete, ListQuery, Mode
+from checkpointers.backends.base import Delete, ListQuery, Mode, Put
 from checkpointers.backends.ops import GetOp, ListOp
 from checkpointers.backends.postgres import SCHEMA_VERSION, PostgresBackend, _list_op, _write_op
 from checkpointers.postgres_saver import PostgresCheckpointer
@@ -358,7 +359,7 @@ def test_statements_are_prepared_on_the_server_by_default(postgres_schema_url: s
     b.write(p, [make_put("k", b"v")])
     b.get(p, ["k"])
     b.list(p, ListQuery(prefix="k", depth=0, limit=3, children=True))
-    with b._sync_pool().connection() as conn:  # type: ignore[union-attr]
+    with b._sync_pool().connection() as conn:
         rows = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
     b.close()
     assert any("write_batch" in r[0] for r in rows) and any("MATERIALIZED" in r[0] for r in rows), rows
@@ -645,3 +646,56 @@ def test_drop_in_for_postgres_saver_on_a_given_connection(postgres_schema_url: s
             assert state.values == expected[0]
 
     asyncio.run(main())
+
+
+# -- migration 3: write_batch checks an unchanged re-put instead of rewriting it ----------------------
+
+
+def _row_version(conn: psycopg.Connection[Any], s: str, p: Partition, name: str) -> Any:
+    sql = f"SELECT xmin::text, seq FROM {s}.records WHERE pkey = %s AND name = %s"
+    return conn.execute(sql, (p.key, name)).fetchone()  # type: ignore[arg-type]
+
+
+def test_an_unchanged_if_match_reput_is_checked_not_rewritten(
+    postgres_backend: PostgresBackend, _postgres_admin: psycopg.Connection[Any]
+) -> None:
+    b, s = postgres_backend, postgres_backend.schema
+    p = Partition("u", "items", "reput")
+    (lease,) = b.write(p, [make_put("lease", b"L", tags={"k": "v"})]).records
+    before = _row_version(_postgres_admin, s, p, "lease")
+    guard = Put(lease.name, lease.value, lease.digest, lease.etag, dict(lease.tags), Mode.IF_MATCH, lease.etag)
+    result = b.write(p, [guard, make_put("x", b"1")])
+    assert result.conflict is None and result.records[0] == lease  # the stored record, its seq kept
+    assert result.records[1].seq > lease.seq
+    assert _row_version(_postgres_admin, s, p, "lease") == before  # no new row version
+    assert [r.name for r in b.list(p, ListQuery(tags={"k": "v"}))] == ["lease"]  # its tag rows kept
+    stale = dataclasses.replace(guard, if_match="someone-else")
+    assert b.write(p, [stale]).conflict is not None  # the condition is still checked
+    changed = make_put("lease", b"M", mode=Mode.IF_MATCH, if_match=lease.etag)  # a real if_match write
+    (new,) = b.write(p, [changed]).records
+    assert new.seq > lease.seq and _row_version(_postgres_admin, s, p, "lease") != before
+    assert b.list(p, ListQuery(tags={"k": "v"})) == []  # the replaced record's tags went with it
+
+
+def test_a_version_2_schema_migrates_to_the_cheaper_write_batch(postgres_url: str) -> None:
+    from checkpointers.backends.postgres import MIGRATIONS
+
+    schema = f"cpm_{uuid.uuid4().hex[:10]}"
+    p = Partition("u", "items", "v2")
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 2, written by its write_batch
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
+            for statement in MIGRATIONS[0] + MIGRATIONS[1]:
+                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
+            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1), (2)")
+        with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+            b._ready = True  # write through version 2's function first
+            (old,) = b.write(p, [make_put("a", b"1", tags={"t": "1"})]).records
+            assert b.migrate() == 2 and b.migrate() == SCHEMA_VERSION == 3
+            assert b.get(p, ["a"]) == [old] and [r.name for r in b.list(p, ListQuery(tags={"t": "1"}))] == ["a"]
+            assert b.write(p, [make_put("a", b"2", tags={"t": "2"})]).conflict is None  # replaces its tags
+            assert b.list(p, ListQuery(tags={"t": "1"})) == [] and len(b.list(p, ListQuery(tags={"t": "2"}))) == 1
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -7,9 +7,11 @@ for its partition (:func:`checkpointers.leases.guarded_write_flow`), so the
 writes LangGraph makes on its background threads are fenced too: the
 registry is shared by the saver's views and threads, not a context variable.
 A write to a partition this process holds no lease for follows the face's
-``unleased`` policy: ``"refuse"`` (default) reads the lease record first and
-refuses the write while another owner holds it (``LeaseHeldError``, one read
-per write), ``"allow"`` writes without looking.
+``unleased`` policy: ``"refuse"`` (default) refuses the write while another
+owner holds the lease (``LeaseHeldError``), a condition the write carries
+itself (one backend write where the backend declares ``inline_conditions``:
+:func:`checkpointers.leases.unleased_write_flow`; else one read of the lease
+record first), ``"allow"`` writes without looking.
 
 :class:`HeldLease` is what ``saver.lease(...)`` returns: ``with`` (or
 ``async with``) acquires (``LeaseHeldError`` before anything runs), renews in
@@ -34,7 +36,7 @@ from ._flows import Flow, arun, run, write
 from ._names import Partition
 from .backends.base import Delete, Put, WriteResult
 from .errors import InvalidArgumentError, LeaseHeldError, LeaseLostError
-from .leases import Clock, Lease, LeaseSite, acquire, check_ttl, guarded_write_flow
+from .leases import Clock, Lease, LeaseMemo, LeaseSite, acquire, check_ttl, guarded_write_flow
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -66,6 +68,8 @@ class LeaseRegistry:
         self.clock = clock
         self.unleased = unleased
         self.site_of = site_of
+        #: Lease record versions seen nobody holding, for unleased writes (see :class:`LeaseMemo`).
+        self.memo = LeaseMemo()
         self._held: dict[Partition, HeldLease] = {}
         self._lock = threading.Lock()
 
@@ -96,7 +100,8 @@ class LeaseRegistry:
             return guarded_write_flow(lease.site, lease, puts, deletes, clock=self.clock)
         if self.unleased == "allow" or self.site_of is None:
             return write(p, tuple(puts), tuple(deletes))
-        return guarded_write_flow(self.site_of(p), None, puts, deletes, clock=self.clock)
+        memo = self.memo if self.backend.inline_conditions else None
+        return guarded_write_flow(self.site_of(p), None, puts, deletes, clock=self.clock, memo=memo)
 
 
 class HeldLease:

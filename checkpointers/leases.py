@@ -34,13 +34,31 @@ and retry; else :class:`~checkpointers.errors.LeaseLostError`, and nothing of
 the batch is visible. A holder past its expiry that nobody has taken over is
 still the holder: its writes commit (renew to keep the lease).
 
-**Writes without a lease** (``unleased="refuse"``, the default) read the
-lease record first: held (unexpired, not released) -> ``LeaseHeldError``;
-expired or released -> the batch carries the same unchanged re-put, so an
-acquire that lands before it refuses it atomically; absent -> the batch is
-written as is: a *first* acquire racing with it (between the read and the
-write, one round trip) may see the write land after it. ``unleased="allow"``
-skips the read (the scope's lease is then advisory for unleased writers).
+**Writes without a lease** (``unleased="refuse"``, the default) carry "nobody
+holds the lease" as a condition of their own batch, so an acquire that lands
+before the write refuses it atomically and one that lands after it comes
+after it, whatever the timing. On a backend whose batches take one more
+condition at no cost (``Backend.inline_conditions``: memory, and SQLite,
+Redis, PostgreSQL once they declare it) that is **one backend write**, no read:
+the batch carries the last version of the lease record this process saw
+nobody holding (a bounded :class:`LeaseMemo`), re-put unchanged with
+``IF_MATCH``; when it knows none, a **vacant** lease record (owner ``""``,
+token 0, released) created with ``CREATE`` in the same batch, which later
+writes then carry. When that condition fails, the record the conflict names
+(else read) decides: held (unexpired, not released) -> ``LeaseHeldError``,
+nothing written; else its version is adopted and the batch retried. A vacant
+record is "no lease" everywhere: :func:`read_flow` and ``current_lease`` say
+None, the recovery scans skip it (it is released), an acquire over it is a
+conditional write like any other (token from the clock floor), and
+``copy_thread`` does not copy it. A batch of deletes only, with no version
+known, creates nothing (the vacant record would outlive the items deleted):
+it reads the record first. On the other backends (S3, and any backend that
+does not declare it) every write without a lease reads the record first: held -> ``LeaseHeldError``; expired or
+released -> the batch carries the unchanged re-put as above; absent or
+vacant -> the batch is written as is: a *first* acquire racing with it
+(between the read and the write, one round trip) may see the write land
+after it. ``unleased="allow"`` skips all this (the scope's lease is then
+advisory for unleased writers).
 
 **Renew / release** are conditional writes of the record (``IF_MATCH``);
 on a lease taken over (other token), released, or gone: ``LeaseLostError``.
@@ -91,6 +109,7 @@ __all__ = [
     "Clock",
     "Lease",
     "LeaseInfo",
+    "LeaseMemo",
     "LeaseSite",
     "LeaseState",
     "acquire",
@@ -102,6 +121,8 @@ __all__ = [
     "read_flow",
     "release_flow",
     "renew_flow",
+    "stored_flow",
+    "unleased_write_flow",
 ]
 
 #: The reserved record name of a partition's lease (no item/saver name can be it).
@@ -110,6 +131,10 @@ LEASE_NAME = "lease"
 ATTEMPTS = 64
 #: A wall clock in seconds since the epoch (``time.time``); injectable for tests.
 Clock = Callable[[], float]
+#: The owner of a vacant lease record (no holder's owner is empty: :func:`check_owner`).
+VACANT_OWNER = ""
+#: How many lease records' versions a :class:`LeaseMemo` keeps by default.
+MEMO_SIZE = 2048
 _MAX_OWNER = 256
 
 
@@ -166,6 +191,11 @@ class LeaseState:
     released: bool
     record: Record
 
+    @property
+    def vacant(self) -> bool:
+        """A record written by writes without a lease, that no holder ever had: "no lease"."""
+        return self.token == 0 and self.owner == VACANT_OWNER
+
     def held(self, at_ms: int) -> bool:
         """Whether the lease keeps others out at ``at_ms``: not released and not expired."""
         return not self.released and at_ms < self.expires_ms
@@ -198,10 +228,16 @@ def decode(site: LeaseSite, record: Record) -> LeaseState:
     return LeaseState(owner, token, expires, released, record)
 
 
-def read_flow(site: LeaseSite) -> Flow[LeaseState | None]:
-    """The stored lease, or None."""
+def stored_flow(site: LeaseSite) -> Flow[LeaseState | None]:
+    """The stored lease record (a vacant one too), or None."""
     (record,) = yield from get(site.partition, [site.name])
     return None if record is None else decode(site, record)
+
+
+def read_flow(site: LeaseSite) -> Flow[LeaseState | None]:
+    """The stored lease, or None (also for a vacant record: nobody ever held it)."""
+    state = yield from stored_flow(site)
+    return None if state is None or state.vacant else state
 
 
 def _write_flow(
@@ -214,14 +250,13 @@ def _write_flow(
     result: WriteResult = yield from write(site.partition, (put,))
     if result.conflict is not None:
         return None
-    stored = Record(put.name, put.value, put.tags, put.etag, put.digest, result.records[0].seq)
-    return LeaseState(owner, token, expires_ms, released, stored)
+    return LeaseState(owner, token, expires_ms, released, _as_stored(put, result.records[0].seq))
 
 
 def acquire_flow(site: LeaseSite, owner: str, ttl_ms: int, clock: Clock) -> Flow[LeaseState]:
     """Take the lease for ``owner`` with a token above every earlier one; see the module docstring."""
     for _ in range(ATTEMPTS):
-        current = yield from read_flow(site)
+        current = yield from stored_flow(site)
         at = now_ms(clock)
         if current is not None and current.owner != owner and current.held(at):
             raise LeaseHeldError(site.label, current.owner, current.token, current.expires_ms / 1000)
@@ -234,6 +269,8 @@ def acquire_flow(site: LeaseSite, owner: str, ttl_ms: int, clock: Clock) -> Flow
 
 
 def _lost(site: LeaseSite, ours: LeaseState, current: LeaseState | None) -> LeaseLostError:
+    if current is not None and current.vacant:
+        current = None
     if current is None:
         reason = "its record is gone (the scope was deleted)"
     elif current.token != ours.token:
@@ -284,12 +321,99 @@ def release_flow(site: LeaseSite, ours: LeaseState, clock: Clock) -> Flow[LeaseS
     raise ConcurrencyError(f"{site.label} (lease record)", state.record.etag)
 
 
+def _refuse_held(site: LeaseSite, state: LeaseState | None, clock: Clock) -> LeaseState | None:
+    """``state`` if nobody holds the lease by it; else LeaseHeldError (for a write without a lease)."""
+    if state is not None and state.held(now_ms(clock)):
+        raise LeaseHeldError(site.label, state.owner, state.token, state.expires_ms / 1000, writing=True)
+    return state
+
+
 def free_flow(site: LeaseSite, clock: Clock) -> Flow[LeaseState | None]:
-    """For a write without a lease: the stored lease if nobody holds it (None if absent), else LeaseHeldError."""
-    current = yield from read_flow(site)
-    if current is not None and current.held(now_ms(clock)):
-        raise LeaseHeldError(site.label, current.owner, current.token, current.expires_ms / 1000, writing=True)
-    return current
+    """For a write without a lease: the stored lease if nobody holds it (None: absent, vacant), else LeaseHeldError."""
+    return _refuse_held(site, (yield from read_flow(site)), clock)
+
+
+class LeaseMemo:
+    """The last version of lease records seen nobody holding, by site; bounded, thread-safe.
+
+    What lets a write without a lease carry its condition without reading the
+    record first (:func:`unleased_write_flow`). A version is only ever used as
+    a condition, checked by the backend in the write itself, never returned
+    as data: a stale one (the lease acquired since, the partition deleted by
+    another process) only makes that condition fail, and the write then looks
+    at the record. At most ``size`` sites, the longest unused forgotten first.
+    """
+
+    def __init__(self, size: int = MEMO_SIZE) -> None:
+        self.size = size
+        self._states: dict[tuple[str, str], LeaseState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, site: LeaseSite) -> LeaseState | None:
+        """The version last seen at ``site``, or None."""
+        return self._states.get((site.partition.key, site.name))
+
+    def put(self, site: LeaseSite, state: LeaseState | None) -> None:
+        """Remember ``state`` as the version at ``site`` (None: forget it)."""
+        key = (site.partition.key, site.name)
+        with self._lock:
+            self._states.pop(key, None)
+            if state is not None:
+                self._states[key] = state
+                if len(self._states) > self.size:
+                    del self._states[next(iter(self._states))]
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+def _vacant_put(site: LeaseSite) -> Put:
+    """A vacant lease record, created (``CREATE``) by a write without a lease that knows no version."""
+    value = _encode(VACANT_OWNER, 0, 0, True)
+    return site.integrity.put(site.partition, site.name, value, etag=new_etag(), mode=Mode.CREATE)
+
+
+def _found_flow(site: LeaseSite, existing: Record | None) -> Flow[LeaseState | None]:
+    """The lease record a refused condition found: the one the conflict carries, else read."""
+    if existing is not None and existing.value:
+        return decode(site, existing)
+    return (yield from stored_flow(site))
+
+
+def unleased_write_flow(
+    site: LeaseSite, puts: Sequence[Put], deletes: Sequence[Delete], *, clock: Clock, memo: LeaseMemo
+) -> Flow[WriteResult]:
+    """A batch without a lease carrying "nobody holds it" itself: one backend write (module docstring).
+
+    Results as :func:`guarded_write_flow`. Only for backends whose batches
+    take one more condition at no cost (``Backend.inline_conditions``).
+    """
+    known = state = memo.get(site)
+    if state is None and not puts:  # deletes only: create nothing, read first
+        state = yield from free_flow(site, clock)
+    for _ in range(ATTEMPTS):
+        if state is None and not puts:
+            return (yield from write(site.partition, (), tuple(deletes)))
+        guard = _vacant_put(site) if state is None else state.guard()
+        result: WriteResult = yield from write(site.partition, (guard, *puts), tuple(deletes))
+        c = result.conflict
+        if c is None:
+            if state is None:
+                state = LeaseState(VACANT_OWNER, 0, 0, True, _as_stored(guard, result.records[0].seq))
+            if state is not known:
+                memo.put(site, state)
+            return WriteResult(result.records[1:])
+        if c.index > 0:
+            return WriteResult((), Conflict(c.index - 1, c.name, c.existing))
+        found = yield from _found_flow(site, c.existing)
+        memo.put(site, None)
+        known, state = None, _refuse_held(site, found, clock)
+    raise ConcurrencyError(f"{site.label} (lease record)", None if state is None else state.record.etag)
+
+
+def _as_stored(put: Put, seq: int) -> Record:
+    """The record ``put`` stored, with the ``seq`` the backend gave it."""
+    return Record(put.name, put.value, put.tags, put.etag, put.digest, seq)
 
 
 def guarded_write_flow(
@@ -300,18 +424,24 @@ def guarded_write_flow(
     *,
     clock: Clock,
     refuse_unleased: bool = True,
+    memo: LeaseMemo | None = None,
 ) -> Flow[WriteResult]:
     """One atomic batch checked against the lease record, in the same backend write.
 
     Returns the batch's own result (records of ``puts``, or the conflict of
     one of *its* conditions, indexes as in ``puts`` then ``deletes``); lease
-    problems raise :class:`LeaseLostError` / :class:`LeaseHeldError`.
+    problems raise :class:`LeaseLostError` / :class:`LeaseHeldError`. A
+    write without a lease with a ``memo`` (the backend's batches take one
+    more condition at no cost) is :func:`unleased_write_flow`; without one,
+    it reads the lease record first.
     """
     if lease is not None:
         lease.check_site(site)
         state: LeaseState | None = lease.state
         if lease.state.released:
             raise _lost(site, lease.state, lease.state)
+    elif refuse_unleased and memo is not None:
+        return (yield from unleased_write_flow(site, puts, deletes, clock=clock, memo=memo))
     elif refuse_unleased:
         state = yield from free_flow(site, clock)
     else:

@@ -51,7 +51,7 @@ from ._names import (
 )
 from .backends.base import Backend, Delete, ListQuery, Mode, Put, Record, WriteResult
 from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, IsolationError, UnserializableValueError
-from .leases import Clock, Lease, LeaseInfo, LeaseSite, acquire, expired_flow, guarded_write_flow, read_flow
+from .leases import Clock, Lease, LeaseInfo, LeaseMemo, LeaseSite, acquire, expired_flow, guarded_write_flow, read_flow
 
 if TYPE_CHECKING:
     from .effects import EffectBlock
@@ -280,8 +280,10 @@ class Store:
     Leases (:meth:`acquire_lease`, :mod:`checkpointers.leases`): ``clock``
     (seconds since the epoch, default ``time.time``) dates them;
     ``unleased="refuse"`` (default) refuses a write without ``lease=`` to a
-    scope another owner holds (:class:`LeaseHeldError`), at the cost of one
-    read of the lease record per write; ``"allow"`` skips that read.
+    scope another owner holds (:class:`LeaseHeldError`): the write carries
+    that condition itself (one backend write where the backend declares
+    ``inline_conditions``, else one read of the lease record first);
+    ``"allow"`` skips the check.
 
     Retention is the backend's, not the store's: a scope expires ``ttl``
     seconds after its last write when the backend was opened with a ttl
@@ -316,10 +318,12 @@ class Store:
         self.integrity = integrity or Integrity(integrity_key, accept_unsealed=accept_unsealed)
         self.clock = clock
         self.unleased: Literal["refuse", "allow"] = unleased
+        #: Lease record versions seen nobody holding (shared by the views): see :class:`LeaseMemo`.
+        self.lease_memo = LeaseMemo()
 
     def for_user(self, user: str) -> Store:
         """A view of the same backend bound to ``user`` (shares connections and integrity keys)."""
-        return Store(
+        view = Store(
             self.backend,
             user=user,
             max_item_bytes=self.max_item_bytes,
@@ -328,6 +332,8 @@ class Store:
             clock=self.clock,
             unleased=self.unleased,
         )
+        view.lease_memo = self.lease_memo
+        return view
 
     def partition(self, scope: str) -> Partition:
         """The backend partition of ``scope`` for this store's user."""
@@ -353,8 +359,9 @@ class Store:
         self, site: LeaseSite, puts: list[Put], deletes: list[Delete], lease: Lease | None
     ) -> Flow[WriteResult]:
         """One atomic batch, fenced by ``lease`` (or checked for no other holder); see :mod:`.leases`."""
+        memo = self.lease_memo if self.backend.inline_conditions else None
         return guarded_write_flow(
-            site, lease, puts, deletes, clock=self.clock, refuse_unleased=self.unleased == "refuse"
+            site, lease, puts, deletes, clock=self.clock, refuse_unleased=self.unleased == "refuse", memo=memo
         )
 
     def _get_flow(self, scope: str, key: str) -> Flow[Item | None]:

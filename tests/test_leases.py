@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,14 +25,25 @@ from checkpointers import Store
 from checkpointers._flows import run
 from checkpointers._integrity import Integrity
 from checkpointers._names import Partition
-from checkpointers.backends.base import Backend
+from checkpointers.backends.base import Backend, ListQuery, Mode, Put
+from checkpointers.backends.memory import MemoryBackend
 from checkpointers.errors import (
     CheckpointerError,
+    ConcurrencyError,
     InvalidArgumentError,
     LeaseHeldError,
     LeaseLostError,
 )
-from checkpointers.leases import LEASE_NAME, Lease, acquire, expired_listed_flow, guarded_write_flow, listed_site
+from checkpointers.leases import (
+    LEASE_NAME,
+    Lease,
+    LeaseMemo,
+    LeaseSite,
+    acquire,
+    expired_listed_flow,
+    guarded_write_flow,
+    listed_site,
+)
 from tests.lease_helpers import FakeClock, GatedBackend, GatedObjectStore
 
 
@@ -429,3 +441,175 @@ def test_random_interleavings(backend: Backend, steps: list[tuple[str, str, Any]
     assert _keys(store, "p") == model.items
     # No write of a holder landed after a later holder's first write: fenced writes' tokens never go back.
     assert model.write_tokens == sorted(model.write_tokens)
+
+
+# -- writes without a lease carry "no live lease" themselves (issue 15) ---------------
+
+#: The backends that check a batch's conditions in one transaction / script. The races below
+#: run them with ``inline_conditions`` on (whatever they declare): the path is safe on each.
+INLINE = ["memory", "sqlite", "redis", "redis_stock", "redis_cluster", "postgres"]
+
+
+def _inline(backend: Backend) -> Backend:
+    """``backend`` with writes without a lease carrying their condition (one backend write)."""
+    backend.inline_conditions = True
+    return backend
+
+
+class _Counting(GatedBackend):
+    """A gated backend that also counts ``get``/``write`` calls, with the inner backend's capability."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.inline_conditions = inner.inline_conditions
+        self.calls: dict[str, int] = {}
+
+    def get(self, partition: Partition, names: Any) -> Any:
+        self.calls["get"] = self.calls.get("get", 0) + 1
+        return super().get(partition, names)
+
+    def write(self, partition: Partition, puts: Any, deletes: Any = ()) -> Any:
+        self.calls["write"] = self.calls.get("write", 0) + 1
+        return super().write(partition, puts, deletes)
+
+
+def _peer(backend: Backend, clock: FakeClock, store: Store) -> Store:
+    """Another process's store of the same user over ``backend`` (its own memo of lease versions)."""
+    assert store.user is not None
+    return Store(backend, clock=clock).for_user(store.user)
+
+
+def _counted(counting: _Counting, write: Any) -> dict[str, int]:
+    counting.calls.clear()
+    write()
+    return dict(counting.calls)
+
+
+def test_an_unleased_write_is_one_backend_write(backend: Backend, clock: FakeClock) -> None:
+    counting = _Counting(backend)
+    store = _store(counting, clock)
+    one = {"write": 1} if backend.inline_conditions else {"get": 1, "write": 1}
+    assert _counted(counting, lambda: store.set_item("s", "k", 1)) == one  # a fresh scope: no read either
+    assert _counted(counting, lambda: store.set_item("s", "k", 2)) == one
+    cold = _peer(counting, clock, store)  # another process: knows no version yet
+    assert cold.set_item("s", "j", 3).value == 3
+    assert _counted(counting, lambda: cold.set_item("s", "j", 4)) == one
+    # the vacant record (if any) is no lease and no item
+    assert store.current_lease("s") is None and store.expired_leases() == []
+    assert _keys(store, "s") == {"k": 2, "j": 4} and store.get_item("s", LEASE_NAME) is None
+    lease = cold.acquire_lease("s", "a", ttl=5)  # over the vacant record: a conditional write
+    assert store.current_lease("s").owner == "a"  # type: ignore[union-attr]
+    for writer in (store, cold, _peer(backend, clock, store)):  # warm, warm, cold
+        with pytest.raises(LeaseHeldError):
+            writer.set_item("s", "k", "unleased")
+        with pytest.raises(LeaseHeldError):
+            writer.delete_item("s", "j")
+    assert _keys(store, "s") == {"k": 2, "j": 4}
+    lease.release()
+    assert store.set_item("s", "k", 5).value == 5 and store.delete_item("s", "j")
+    assert cold.acquire_lease("s", "b", ttl=5).token > lease.token
+
+
+@pytest.mark.parametrize("backend_name", INLINE)
+def test_a_stale_version_after_the_scope_was_deleted(backend: Backend, clock: FakeClock) -> None:
+    store = _store(_inline(backend), clock)
+    store.set_item("s", "k", 1)
+    backend.drop(store.partition("s"))  # another process deleted the scope: the known version is gone
+    assert store.set_item("s", "k", 2).value == 2
+    with store.batch("s") as b:  # a batch's own conflict keeps its index (puts, then deletes)
+        b.set("x", 1).delete("k")
+    with pytest.raises(ConcurrencyError):
+        store.create_item("s", "x", 2)
+    assert _keys(store, "s") == {"x": 1} and store.current_lease("s") is None
+
+
+@pytest.mark.parametrize("backend_name", INLINE)
+def test_deletes_only_create_no_vacant_record(backend: Backend, clock: FakeClock) -> None:
+    """A scope written with ``allow`` (no lease record), emptied without a lease, is gone."""
+    _inline(backend)
+    allow = _store(backend, clock, unleased="allow")
+    allow.set_item("s", "k", 1)
+    assert _peer(backend, clock, allow).delete_item("s", "k")
+    assert backend.partitions(allow.user or "", "items") == []
+
+
+@pytest.mark.parametrize("backend_name", INLINE)
+@pytest.mark.parametrize("warm", [False, True], ids=["first-write", "known-version"])
+def test_an_acquire_before_an_unleased_write_lands_refuses_it(
+    backend: Backend, clock: FakeClock, warm: bool
+) -> None:
+    """The write paused right before its one backend write while an acquire lands: refused, nothing written.
+
+    ``first-write``: the scope has no lease record yet (the acquire creates
+    it; the documented window of the read-first path); ``known-version``:
+    the writer carries the vacant record's version that the acquire replaces.
+    """
+    gated = _inline(GatedBackend(_inline(backend)))
+    store = _store(gated, clock)
+    if warm:
+        store.set_item("s", "before", 0)
+    thread, gate, outcome = _paused_write(store, gated, lambda: store.set_item("s", "k", "late"))
+    lease = _peer(backend, clock, store).acquire_lease("s", "a", ttl=30)
+    gate.opened.set()
+    thread.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], LeaseHeldError) and outcome[0].token == lease.token
+    assert store.get_item("s", "k") is None
+
+
+def _unleased_writes(store: Store, scope: str, w: int, start: threading.Barrier, out: dict[str, list[str]]) -> None:
+    start.wait()
+    for i in range(15):
+        key = f"w{w}-{i}"
+        try:
+            store.set_item(scope, key, i)
+            out["landed"].append(key)
+        except LeaseHeldError:
+            out["refused"].append(key)
+
+
+@pytest.mark.parametrize("backend_name", INLINE)
+def test_no_unleased_write_lands_after_a_racing_acquire(backend: Backend, clock: FakeClock) -> None:
+    """Threads writing without a lease race one acquire: every write that landed came before it (seq order)."""
+    store = _store(_inline(backend), clock)
+    for round_ in range(3):  # each round a fresh scope: the first writes race the first acquire
+        scope = f"r{round_}"
+        out: dict[str, list[str]] = {"landed": [], "refused": []}
+        start = threading.Barrier(4)
+        threads = [threading.Thread(target=_unleased_writes, args=(store, scope, w, start, out)) for w in range(3)]
+        for t in threads:
+            t.start()
+        start.wait()
+        lease = _peer(backend, clock, store).acquire_lease(scope, "a", ttl=60)
+        for t in threads:
+            t.join()
+        records = {r.name: r for r in backend.list(store.partition(scope), ListQuery())}
+        fence = records[LEASE_NAME].seq
+        assert store.current_lease(scope).token == lease.token  # type: ignore[union-attr]
+        assert set(_keys(store, scope)) == set(out["landed"]) and len(out["landed"]) + len(out["refused"]) == 45
+        late = [n for n, r in records.items() if n != LEASE_NAME and r.seq > fence]
+        assert late == [], f"unleased writes landed after the acquire: {late}"
+
+
+def test_lease_memo_is_bounded() -> None:
+    memo = LeaseMemo(size=2)
+    integrity = Integrity(None)
+    sites = [LeaseSite(integrity, Partition("u", "items", f"s{i}"), f"s{i}") for i in range(3)]
+    states = [object() for _ in sites]
+    for site, state in zip(sites, states, strict=True):
+        memo.put(site, state)  # type: ignore[arg-type]
+    assert len(memo) == 2 and memo.get(sites[0]) is None and memo.get(sites[2]) is states[2]
+    memo.put(sites[2], None)
+    assert memo.get(sites[2]) is None and len(memo) == 1
+
+
+def test_memory_keeps_an_unchanged_reput_as_stored() -> None:
+    """An ``IF_MATCH`` re-put of the stored record itself is a check only on memory: same record, same seq."""
+    backend = MemoryBackend()
+    p = Partition("u", "items", "s")
+    put = Put("r", b"v", "d", "e1", {"t": "1"}, Mode.CREATE)
+    (stored,) = backend.write(p, [put]).records
+    (again,) = backend.write(p, [replace(put, mode=Mode.IF_MATCH, if_match="e1")]).records
+    assert again is stored and again.seq == stored.seq
+    changed = replace(put, digest="d2", etag="e2", mode=Mode.IF_MATCH, if_match="e1")
+    assert backend.write(p, [changed]).records[0].seq > stored.seq  # another digest: written
+    assert backend.write(p, [replace(put, etag="e3", mode=Mode.IF_MATCH, if_match="e1")]).conflict is not None

@@ -34,6 +34,11 @@ Guarantees a backend must give (the conformance suite checks them):
   returns the stored record unchanged; present with another digest -> conflict.
 * **Sequence numbers**: every applied put gets a ``seq`` greater than any seq
   the partition has handed out before (no-ops keep their old seq).
+* **Unchanged re-puts** (:func:`unchanged_reput`): an ``IF_MATCH`` put of the
+  stored record itself (its etag is ``if_match``, same digest) may be applied
+  as a check only, like an append no-op: the record and its seq stay. The
+  layer above re-puts a lease record that way to carry its condition
+  (:mod:`checkpointers.leases`); a backend may equally rewrite it.
 * **Names** are ASCII from ``[A-Za-z0-9_%/-]`` (see :mod:`checkpointers._names`),
   at most about 700 characters; ``list`` treats ``prefix`` literally.
 * **Isolation**: a partition's records are only reachable through its
@@ -99,6 +104,7 @@ __all__ = [
     "SweepPacer",
     "WriteResult",
     "content_digest",
+    "unchanged_reput",
 ]
 
 
@@ -316,6 +322,22 @@ def check_batch(puts: Sequence[Put], deletes: Sequence[Delete]) -> None:
         raise ValueError("a write batch must not name the same record twice")
 
 
+def unchanged_reput(put: Put, stored: Record | None) -> bool:
+    """Whether ``put`` re-puts ``stored`` unchanged under its own etag (a condition, nothing to write).
+
+    An ``IF_MATCH`` put whose ``etag`` is its ``if_match`` and whose digest
+    is the stored one (the digest's seal binds name and tags) holds exactly
+    the stored record: a backend may check it and keep the record (and its
+    seq) instead of rewriting it. Only call it once the condition passed.
+    """
+    return (
+        stored is not None
+        and put.mode is Mode.IF_MATCH
+        and put.etag == put.if_match == stored.etag
+        and put.digest == stored.digest
+    )
+
+
 def evaluate(
     puts: Sequence[Put],
     deletes: Sequence[Delete],
@@ -531,6 +553,17 @@ class Backend(ABC):
 
     #: Short name used in URLs, reports and test ids ("sqlite", "redis", ...).
     kind: str = "backend"
+    #: Whether one more condition in a batch (an unchanged ``IF_MATCH`` re-put
+    #: of one record, or a ``CREATE``) costs about nothing: checked in the same
+    #: transaction / script as the batch. Every backend checks a batch's
+    #: conditions atomically (the contract); this only says what one more costs.
+    #: True (memory; SQLite, Redis, PostgreSQL can declare it): a write without
+    #: a lease carries the "no live lease" condition itself, one backend write
+    #: (:func:`checkpointers.leases.unleased_write_flow`). False, the default
+    #: (and S3, where it turns one conditional PUT into a fenced batch of
+    #: several requests): such a write reads the lease record first and
+    #: carries the condition only when a lease record exists.
+    inline_conditions: bool = False
     #: How long partitions live (see :class:`Retention`); set by the constructor.
     retention: Retention = Retention()
     #: When writes sweep (see :class:`SweepPacer`); set with ``retention``.

@@ -20,6 +20,7 @@ from .base import (
     check_batch,
     children_range,
     evaluate,
+    unchanged_reput,
     users_of,
 )
 
@@ -90,6 +91,7 @@ class MemoryBackend(Backend):
     """
 
     kind = "memory"
+    inline_conditions = True  # one lock around the whole batch
 
     def __init__(
         self, *, ttl: float | None = None, refresh_on_read: bool = False, clock: Callable[[], float] | None = None
@@ -139,7 +141,7 @@ class MemoryBackend(Backend):
                 self._users.setdefault(partition.user_key, set()).add(key)
             out: list[Record] = []
             for i, put in enumerate(puts):
-                if i in noops:
+                if i in noops or unchanged_reput(put, part.records.get(put.name)):  # kept as stored
                     out.append(part.records[put.name])
                     continue
                 rec = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, next(self._seq))

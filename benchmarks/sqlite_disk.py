@@ -15,7 +15,16 @@ keeps it):
 ``auto_vacuum`` is the file's mode (0 NONE, 1 FULL, 2 INCREMENTAL); the
 times in parentheses are wall-clock and move a lot on a shared machine.
 
-Run: ``python -m benchmarks.sqlite_disk`` (``--count 100 --mb 1`` by default).
+* ``pages`` (not in the default list): where the bytes of issue 15's shape go.
+  ``--puts`` puts of 3 channels x 1 KB (one changing per put, ``put_writes``
+  of 2 each, :class:`benchmarks.shape.ShapeThread`) through our
+  ``Checkpointer`` on SQLite and through LangGraph's ``SqliteSaver``, then
+  bytes at rest per put (file + WAL after a checkpoint, as benchmark (d)
+  counts them) and, from SQLite's ``dbstat``, each table's and index's
+  pages, cells, payload bytes, unused bytes and fill.
+
+Run: ``python -m benchmarks.sqlite_disk`` (``--count 100 --mb 1`` by default);
+``python -m benchmarks.sqlite_disk --only pages --puts 200``.
 """
 
 from __future__ import annotations
@@ -121,17 +130,63 @@ def saver_scenario(directory: Path, count: int, size: int) -> None:
     show("after close", path)
 
 
+def dbstat(path: Path) -> list[tuple[str, int, int, int, int]]:
+    """(table or index, pages, cells, payload bytes, unused bytes), largest first (after a WAL checkpoint)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        rows = conn.execute(
+            "SELECT name, COUNT(*), SUM(ncell), SUM(payload), SUM(unused) FROM dbstat "
+            "GROUP BY name ORDER BY COUNT(*) DESC, name"
+        ).fetchall()
+    conn.close()
+    return [tuple(r) for r in rows]
+
+
+def pages_scenario(directory: Path, puts: int) -> None:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from benchmarks.savers import sqlite_footprint
+    from benchmarks.shape import ShapeThread
+    from checkpointers._flows import run
+    from checkpointers.savers import Checkpointer
+
+    def ours(path: Path) -> None:
+        with Checkpointer(SqliteBackend(path)) as saver:
+            run(ShapeThread("bytes").puts(saver, puts), saver)
+
+    def theirs(path: Path) -> None:
+        conn = sqlite3.connect(path, check_same_thread=False)
+        saver = SqliteSaver(conn)
+        saver.setup()
+        run(ShapeThread("bytes").puts(saver, puts), saver)
+        conn.close()
+
+    print(f"pages: {puts} puts of 3 channels x 1 KB (one changing), put_writes of 2 each")
+    for label, write in (("ours", ours), ("SqliteSaver", theirs)):
+        path = directory / f"pages-{label}.db"
+        write(path)
+        total = sqlite_footprint(path)
+        print(f"  {label}: {total / puts / 1024:.2f} KiB per put ({total:,} bytes, {total // 4096:,} pages of 4 KiB)")
+        for name, pages, cells, payload, unused in dbstat(path):
+            fill = 1 - unused / (pages * 4096)
+            print(f"    {name:<30} pages {pages:>5}  cells {cells:>6}  payload {payload:>9,}  "
+                  f"unused {unused:>9,}  fill {fill:6.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--mb", type=float, default=1.0)
-    parser.add_argument("--only", default="drop,batch,saver")
+    parser.add_argument("--only", default="drop,batch,saver", help="drop, batch, saver, pages")
+    parser.add_argument("--puts", type=int, default=200, help="puts of the pages scenario")
     args = parser.parse_args()
     size = int(args.mb * (1 << 20))
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.only.split(","):
             if kind == "saver":
                 saver_scenario(Path(tmp), args.count, size)
+            elif kind == "pages":
+                pages_scenario(Path(tmp), args.puts)
             else:
                 backend_scenario(kind, Path(tmp), args.count, size)
 

@@ -9,7 +9,9 @@
   state, clean (no manifest, no tombstone left).
 * Interleaving sweeps: a read (of every name, and of each name alone) split
   at each of its calls around each call of a write: the old or the new state.
-* A stateful hypothesis test (:class:`BatchMachine`): three writers, two
+* A stateful hypothesis test (:class:`BatchMachine`): three writers (batches,
+  and single records written as the S3 backend writes them: an upsert
+  passing the marker on, a create without one), two
   readers and a recoverer, each a thread stopped before every port call,
   interleaved call by call, crashed at any call (before it, or after it with
   the answer lost), each keeping its process (its cache of batches seen
@@ -34,7 +36,9 @@ Gaps of the protocol found here are fixed, each kept as a test of its own:
 a read could see a delete without the rest of its batch
 (:func:`test_a_read_never_sees_a_delete_without_the_rest_of_its_batch`) or
 a batch's old record beside a record written alone after it
-(:func:`test_a_read_never_mixes_a_batch_with_a_later_record_written_alone`),
+(:func:`test_a_read_never_mixes_a_batch_with_a_later_record_written_alone`;
+with the marker passed on, a read meets the batch on that record:
+:func:`test_a_record_written_alone_passes_the_batch_marker_on`),
 and a recovery running while a batch deletes could drop its tombstone
 (:func:`test_recovery_alongside_a_live_writer_keeps_its_batch_whole`).
 
@@ -65,6 +69,7 @@ from checkpointers.backends._s3_batch import (
     Clock,
     IllegalTransition,
     _Recovered,
+    inherited,
 )
 from checkpointers.backends._s3_objects import (
     Obj,
@@ -430,10 +435,28 @@ def test_a_read_never_mixes_a_batch_with_a_later_record_written_alone(protocol: 
     """A record written alone (no marker) over one of a batch that committed under a read: the read is repeated.
 
     The reader GETs "y" (old), then a batch {upsert a, upsert y} commits and
-    a single upsert replaces "a" (as the S3 backend writes one put: a read,
-    then a PUT If-Match, no marker), then the reader GETs "a". Without the
-    second collect it returned old "y" with the "a" written after the batch.
+    a single upsert replaces "a" (a read, then a PUT If-Match) without the
+    batch's marker, then the reader GETs "a". Without the second collect it
+    returned old "y" with the "a" written after the batch. (The S3 backend's
+    single writes pass the marker on, see the next test; a record created
+    alone on a name a batch deleted carries none, and the same holds.)
     """
+    _read_around_a_batch_and_a_record_written_alone(protocol, inherit=False)
+
+
+def test_a_record_written_alone_passes_the_batch_marker_on(protocol: type[Batches]) -> None:
+    """The same, the record written alone carrying the marker of the one it replaced (``inherited``).
+
+    A read that trusts its first collect (as a listing does for records
+    without a marker) meets the batch on that record, settles it (gone:
+    committed) and repeats: it sees the batch, not its old state beside
+    the later record.
+    """
+    _read_around_a_batch_and_a_record_written_alone(protocol, inherit=True)
+    _read_around_a_batch_and_a_record_written_alone(_ReadWithoutSecondCollect, inherit=True)
+
+
+def _read_around_a_batch_and_a_record_written_alone(protocol: type[Batches], inherit: bool) -> None:
     store, world = FakeStore(), World()
     for i, name in enumerate("ya"):
         store.put_if(KEYS.record(name), record_body(make_put(name, "old", Mode.UPSERT), i + 1))
@@ -447,7 +470,9 @@ def test_a_read_never_mixes_a_batch_with_a_later_record_written_alone(protocol: 
             writer.write(KEYS, puts, [], [10, 11], reseq)
             (cur,) = writer.read(KEYS, ["a"])
             assert cur is not None
-            store.put_if(KEYS.record("a"), record_body(make_put("a", "alone", Mode.UPSERT), 20), match=cur.s3etag)
+            body = record_body(make_put("a", "alone", Mode.UPSERT), 20, inherited(cur) if inherit else None)
+            assert store.put_if(KEYS.record("a"), body, match=cur.s3etag)
+            assert decode_object("a", store.objects[KEYS.record("a")].body, "").tx == (cur.tx if inherit else None)
         return Action.GO
 
     store.gate = gate
@@ -652,6 +677,7 @@ class Model:
         self.state: dict[str, Record | None] = dict.fromkeys(NAMES)
         self.history = [dict(self.state)]
         self.changed: list[set[str]] = [set()]  #: per version, the names its commit changed
+        self.alone: set[str] = set()  #: etags of the records written alone (outside the protocol)
 
     @property
     def version(self) -> int:
@@ -707,11 +733,11 @@ class Model:
         self._commit(changes)
 
     def _single(self, event: Event) -> None:
-        """A record written alone (no marker): visible, and so committed, as it lands."""
+        """A record written alone (no marker, or one inherited): visible, and so committed, as it lands."""
         assert event.after is not None
         name = KEYS.name_of(event.call.key)
         obj = decode_object(name, event.after.body, event.after.etag)
-        if obj.tx is None:
+        if obj.tx is None or (obj.record is not None and obj.record.etag in self.alone):
             self._commit({name: obj.record})
 
     def _commit(self, changes: dict[str, Record | None]) -> None:
@@ -880,17 +906,36 @@ class BatchMachine(RuleBasedStateMachine):
         actor.start(lambda: process.write(KEYS, intent.puts, intent.deletes, intent.seqs, reseq), self.model.version)
 
     def _write_alone(self, data: st.DataObject, actor: Actor, name: str) -> None:
-        """An upsert of one record, as the S3 backend writes a batch of one: one PUT, no manifest, no marker."""
+        """One record, as the S3 backend writes a batch of one (no manifest): an upsert or a create.
+
+        The upsert reads the record (through the protocol), then PUTs
+        ``If-Match`` its S3 ETag (or ``If-None-Match``) carrying its marker
+        (:func:`inherited`), again when refused. The create is one PUT
+        ``If-None-Match`` with no marker (nothing to inherit), a conflict
+        when something is there.
+        """
         self.writes += 1
         no = self.writes
-        put = make_put(name, data.draw(st.sampled_from(["x", "y"]), label="content"), Mode.UPSERT, tag=f"w{no}")
+        upsert = data.draw(st.booleans(), label="upsert, else create")
+        mode = Mode.UPSERT if upsert else Mode.CREATE
+        put = make_put(name, data.draw(st.sampled_from(["x", "y"]), label="content"), mode, tag=f"w{no}")
         actor.intent = Intent(no, [put], [], [no * 10])
+        self.model.alone.add(put.etag)
+        process = self._process(data, actor)
+        key = KEYS.record(name)
 
-        def upsert() -> list[Record]:
-            self.store.put_if(KEYS.record(name), record_body(put, no * 10))
-            return [as_record(put, no * 10)]
+        def write() -> list[Record] | Conflict:
+            while upsert:
+                (cur,) = process.read(KEYS, [name])
+                body = record_body(put, no * 10, inherited(cur))
+                if self.store.put_if(key, body, absent=cur is None, match=cur.s3etag if cur else None):
+                    return [as_record(put, no * 10)]
+            if self.store.put_if(key, record_body(put, no * 10), absent=True):
+                return [as_record(put, no * 10)]
+            (cur,) = process.read(KEYS, [name])
+            return Conflict(0, name, cur.record if cur else None)
 
-        actor.start(upsert, self.model.version)
+        actor.start(write, self.model.version)
 
     def _ops(self, data: st.DataObject, no: int, names: list[str], kinds: list[str]) -> tuple[list[Put], list[Delete]]:
         """Puts and deletes of ``kinds``; an etag condition matches what is visible 3 times in 4."""

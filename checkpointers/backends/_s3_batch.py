@@ -55,12 +55,17 @@ manifest: committed or aborted by someone else), OPEN, LOGGED, ABORTING or
 DAMAGED (the manifest does not decode: neither rolled forward nor aborted,
 and every record carrying its marker is corrupt too).
 
+A record written alone (a single write, outside this protocol) over an
+object carrying a marker carries that marker too (:func:`inherited`; the
+write is conditioned on the S3 ETag read), so a read meeting the batch's
+other records in their old state meets the batch on that record as well.
 A multi-record read that meets an absence or a record without a marker
 collects every name a second time (see :meth:`Batches.unchanged`): a
 committed delete leaves no marker once its tombstone is dropped, and a
-record written alone may replace one of a batch that committed under the
-read. Recovery drops a tombstone only when its
-batch's manifest is no longer listed after the tombstone was read.
+record created alone on the absent name carries none. Listings collect
+twice only for an absence (see :mod:`checkpointers.backends.s3`). Recovery
+drops a tombstone only when its batch's manifest is no longer listed after
+the tombstone was read.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ __all__ = [
     "ObjectStore",
     "Recovery",
     "Stored",
+    "inherited",
     "visible",
 ]
 
@@ -337,6 +343,25 @@ def visible(obj: Obj | None, hidden: frozenset[str], gen: int = 0) -> Obj | None
     return obj
 
 
+def inherited(obj: Obj | None) -> str | None:
+    """The marker a record written alone over ``obj`` carries: ``obj``'s, so the chain keeps naming its batch.
+
+    ``obj`` is what a single write read (through :meth:`Batches.read`) and
+    then replaced, conditioned on its S3 ETag. When it carries the marker
+    of a batch, the new record carries that marker too (not optimistic): a
+    read that met the batch's other records in their old state meets the
+    marker on the record that replaced the batch's, settles the batch (its
+    manifest is gone: committed) and repeats (see :meth:`Batches.consistent`).
+    Without it that record names no batch, and the read would return the
+    batch's old state beside a write made after it. An uncommitted
+    optimistic batch's record (hidden: ``record`` None, optimistic) passes
+    nothing on: its marker would hide the new record while that batch is open.
+    """
+    if obj is None or obj.tx is None or (obj.record is None and obj.optimistic):
+        return None
+    return obj.tx
+
+
 # -- the protocol ------------------------------------------------------------------
 
 
@@ -410,9 +435,10 @@ class Batches:
         Asked when a multi-record read met an object that names no batch it
         could check: an absence (a batch that deleted it may have committed
         and dropped its tombstone between the GETs of one read, after
-        another of its records was read in its old state), a record written
-        alone (no marker: it may have replaced a record of such a batch), a
-        tombstone or a hidden record. A second collect finding every object
+        another of its records was read in its old state), a record without
+        a marker (created alone on a name such a batch deleted: a record
+        written alone over a marked one inherits its marker), a tombstone
+        or a hidden record. A second collect finding every object
         as the first did proves each held its value from its first GET to
         its second, so all of them together at one moment between the two.
         A read whose every record carries a marker needs none: a batch that

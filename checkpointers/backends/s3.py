@@ -59,7 +59,19 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
    read to tell a no-op from a conflict), ``If-Match: <S3 ETag>`` for
    IF_MATCH and conditional deletes (the stored record is read first, its
    etag compared, and the write is conditioned on the S3 ETag just read, so
-   S3 itself rejects a write that raced in between), a plain PUT for UPSERT.
+   S3 itself rejects a write that raced in between); UPSERT reads the
+   stored record first too and PUTs ``If-Match`` its S3 ETag (or
+   ``If-None-Match: *``), again when refused. A record written over another
+   carries that one's batch marker (:func:`~._s3_batch.inherited`), so a
+   listing that read a batch's other records in their old state settles the
+   batch on meeting it and repeats, rather than return the batch's old
+   state beside a write made after it (the cost: an UPSERT is a GET and a
+   PUT, not one PUT). Not covered: a name a batch deleted and that was then
+   created alone, both during one listing (a create on an absent name has
+   no marker to carry): multi-record gets collect twice when they meet a
+   record without a marker, listings only when they meet an absence,
+   since listings mostly meet records without one (LangGraph's) and a second
+   collect of every listing adds 38% to a LangGraph run's requests.
 3. A batch with **several** other operations, all CREATE/APPEND (the
    LangGraph saver's ``put_writes``), is **optimistic** (the protocol of
    both multi-record ways, its states and their transitions are in
@@ -205,7 +217,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .._names import Partition, decode_component, encode_component
 from ..errors import BackendUnavailableError, CheckpointerError, CorruptItemError
 from . import retention_options, url_flag
-from ._s3_batch import Batches, ConditionsUnsupported, Deleted, Stored, visible
+from ._s3_batch import Batches, ConditionsUnsupported, Deleted, Stored, inherited, visible
 from ._s3_objects import SEQ_SPAN, TX_ID, Obj, as_record, decode_object, record_body, shown
 from ._s3_retention import Lifetimes
 from .base import (
@@ -896,13 +908,11 @@ class S3Backend(Backend):
             if cur is None:
                 continue  # deleted in between: try again
             if cur.record is None:  # a tombstone (or an uncommitted batch's record): replace it, If-Match its ETag
-                if self._bucket.put_if(key, record_body(put, seq, gen=keys.gen), match=cur.s3etag) is not None:
+                body = record_body(put, seq, inherited(cur), gen=keys.gen)
+                if self._bucket.put_if(key, body, match=cur.s3etag) is not None:
                     return as_record(put, seq)
                 if time.monotonic() > deadline:
-                    raise BackendUnavailableError(
-                        f"record {put.name!r} on {self.where} kept changing for "
-                        f"{self.consistent_read_timeout} s; retry the write"
-                    )
+                    raise self._kept_changing(put.name)
                 continue
             if cur.record.etag == put.etag:
                 return cur.record  # our own write landed; a retry after a lost response got 412
@@ -911,22 +921,61 @@ class S3Backend(Backend):
             return Conflict(0, put.name, cur.record)
 
     def _single(self, keys: _Layout, put: Put, seq: int) -> Record | Conflict:
-        """A batch with one non-staged put: one conditional request (plus a read when needed)."""
+        """A batch with one non-staged put: one conditional request (plus a read when needed).
+
+        A record written over another carries that one's batch marker
+        (:func:`~checkpointers.backends._s3_batch.inherited`), so it is
+        written conditioned on the S3 ETag it was read with.
+        """
         if put.mode in (Mode.CREATE, Mode.APPEND):
             return self._append(keys, put, seq)
-        key = keys.record(put.name)
         if put.mode is Mode.UPSERT:
-            self._bucket.put_if(key, record_body(put, seq, gen=keys.gen))
-            return as_record(put, seq)
+            return self._upsert(keys, put, seq)
+        key = keys.record(put.name)
         (cur,) = self._batches.read(keys, [put.name])
         if cur is None or cur.record is None or cur.record.etag != put.if_match:
             return Conflict(0, put.name, cur.record if cur else None)
         seq = self._reseq(keys, put, seq, cur.record.seq)
-        if self._bucket.put_if(key, record_body(put, seq, gen=keys.gen), match=cur.s3etag) is None:
+        if self._bucket.put_if(key, record_body(put, seq, inherited(cur), gen=keys.gen), match=cur.s3etag) is None:
             (now,) = self._batches.read(keys, [put.name])
             if now is None or now.record is None or now.record.etag != put.etag:
                 return Conflict(0, put.name, now.record if now else None)
         return as_record(put, seq)
+
+    def _upsert(self, keys: _Layout, put: Put, seq: int) -> Record:
+        """A single UPSERT: read what it replaces, then PUT conditioned on that (its S3 ETag, or absence).
+
+        One GET more than a plain PUT: the new record carries the marker of
+        the one it replaces (see :func:`~checkpointers.backends._s3_batch.inherited`)
+        and its seq is above that one's. Refused (someone wrote in between),
+        it reads again: a record with our etag is ours (a retried PUT whose
+        first answer was lost), anything else is replaced the same way. A
+        damaged record is replaced too (``If-Match`` its S3 ETag, no marker).
+        """
+        key = keys.record(put.name)
+        deadline = time.monotonic() + self.consistent_read_timeout
+        refused = False
+        while True:
+            try:
+                (cur,) = self._batches.read(keys, [put.name])
+            except CorruptItemError:  # an upsert replaces a damaged record (nothing to inherit from it)
+                got = self._bucket.get(key)
+                cur = None if got is None else Obj(None, None, got.etag, name=put.name)
+            if refused and cur is not None and cur.record is not None and cur.record.etag == put.etag:
+                return cur.record
+            seq = self._reseq(keys, put, seq, cur.record.seq if cur is not None and cur.record is not None else 0)
+            body = record_body(put, seq, inherited(cur), gen=keys.gen)
+            if self._bucket.put_if(key, body, absent=cur is None, match=None if cur is None else cur.s3etag):
+                return as_record(put, seq)
+            refused = True
+            if time.monotonic() > deadline:
+                raise self._kept_changing(put.name)
+
+    def _kept_changing(self, name: str) -> BackendUnavailableError:
+        """The error of a single write whose record changed under each of its attempts until the read timeout."""
+        return BackendUnavailableError(
+            f"record {name!r} on {self.where} kept changing for {self.consistent_read_timeout} s; retry the write"
+        )
 
     def _reseq(self, keys: _Layout, put: Put, seq: int, floor: int) -> int:
         """``seq``, or a new one above ``floor`` (a replaced record's seq, from another clock), indexed first."""

@@ -324,25 +324,6 @@ def _filter_queries(
     return [main, overflow]
 
 
-def _children_by_pick(recs: Sequence[Record], q: ListQuery) -> dict[str, list[Record]]:
-    """The children of each record a ``children=True`` query picked, by its name.
-
-    The picks are the records at the query's depth; each is followed by its
-    children (see :class:`~checkpointers.backends.base.ListQuery`). The
-    inverse of :func:`~checkpointers.backends.base.with_children`.
-    """
-    out: dict[str, list[Record]] = {}
-    if not q.children:
-        return out
-    kids: list[Record] = []
-    for rec in recs:
-        if q.at_depth(rec.name):
-            kids = out.setdefault(rec.name, [])
-        else:
-            kids.append(rec)
-    return out
-
-
 def matches(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
     """The brute-force filter: every key equal (``==``), as LangGraph's savers do."""
     return not flt or all(k in metadata and metadata[k] == v for k, v in flt.items())
@@ -790,8 +771,12 @@ class ParentChannels:
             self._last.clear()
 
 
-#: What names a record in errors: called only when one is raised (most reads never build it).
-Label = Callable[[], str]
+#: What names a record in errors: a string, or a callable building it only when one is raised.
+Label = str | Callable[[], str]
+
+
+def _text(label: Label) -> str:
+    return label if isinstance(label, str) else label()
 #: At most this many records, and this many bytes of their values, in a :class:`VerifiedRecords`.
 _VERIFIED_SIZE = 4096
 _VERIFIED_BYTES = 16 * 1024 * 1024
@@ -834,7 +819,7 @@ class VerifiedRecords:
         try:
             integrity.check(p, record)
         except CorruptItemError as exc:
-            raise CorruptItemError(label(), exc.reason) from None
+            raise CorruptItemError(_text(label), exc.reason) from None
         if type(value) is bytes and len(value) <= self._max_bytes // 8:
             self._remember(key, value, dict(record.tags))
 
@@ -889,15 +874,16 @@ class CheckpointLayout:
     parents: ParentChannels = field(default_factory=ParentChannels)
     writer: BatchWriter | None = None
     verified: VerifiedRecords = field(default_factory=lambda: VerifiedRecords())
-    #: ``serde.loads_msgpack`` when ``serde`` is a :class:`SafeSerializer` decoding as it does, else None.
+    #: ``serde.loads_msgpack`` (and ``loads_msgpack_all``) when ``serde`` is a :class:`SafeSerializer`
+    #: decoding as it does, else None.
     _msgpack: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
+    _many: Callable[[Iterable[bytes]], list[Any]] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         serde = self.serde
-        fast = None
         if isinstance(serde, SafeSerializer) and type(serde).loads_typed is SafeSerializer.loads_typed:
-            fast = serde.loads_msgpack
-        object.__setattr__(self, "_msgpack", fast)
+            object.__setattr__(self, "_msgpack", serde.loads_msgpack)
+            object.__setattr__(self, "_many", serde.loads_msgpack_all)
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
         """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`."""
@@ -936,11 +922,27 @@ class CheckpointLayout:
                 return self._msgpack(data[8:])
             return self.serde.loads_typed(_unframe(data))
         except DisallowedTypeError as exc:
-            raise DisallowedTypeError(label(), exc.module, exc.name) from None
+            raise DisallowedTypeError(_text(label), exc.module, exc.name) from None
         except CorruptItemError as exc:
-            raise CorruptItemError(label(), exc.reason) from None
+            raise CorruptItemError(_text(label), exc.reason) from None
         except Exception as exc:
-            raise CorruptItemError(label(), f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
+            raise CorruptItemError(_text(label), f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
+
+    def _inline_values(self, s: CheckpointRecord, subject: str) -> dict[str, Any]:
+        """The channel values kept inside checkpoint ``s``: one decoding call for all when they are msgpack.
+
+        Any failure decodes them one by one again, so the error names its channel.
+        """
+        inline = s.inline
+        many = self._many
+        if many is not None:
+            bodies = [data[8:] for data in inline.values() if data[:8] == _MSGPACK_FRAME]
+            if len(bodies) == len(inline):
+                try:
+                    return dict(zip(inline, many(bodies), strict=True))
+                except Exception:  # noqa: BLE001, S110 - decoded again below, one by one, to name the channel
+                    pass
+        return {ch: self._loads(_channel_label(ch, s.cid, subject), data) for ch, data in inline.items()}
 
     def _decode_checkpoint(self, p: Partition, record: Record) -> CheckpointRecord:
         def label() -> str:
@@ -1206,8 +1208,11 @@ class CheckpointLayout:
         rec = recs[0] if recs and (not cid or recs[0].name == name) else None
         if rec is None:
             return None
-        listed = _children_by_pick(recs, q)
-        loaded = yield from self._load_flow(p, [self._decode_checkpoint(p, rec)], listed)
+        s = self._decode_checkpoint(p, rec)
+        kids = recs[1:]  # one pick (limit=1): the rest are its children, its writes
+        if not s.blobs and s.format >= _CHILD_WRITES:  # everything is read already
+            return self._assemble(p, s, {}, kids, f"thread {p.name!r}")
+        loaded = yield from self._load_flow(p, [s], {rec.name: kids})
         return loaded[0]
 
     def _load_flow(
@@ -1234,8 +1239,10 @@ class CheckpointLayout:
         values: dict[str, Any] = {}
         for d, rec in zip(digests, blob_recs, strict=True):
             values[d] = self._blob_value(p, d, rec, subject)
-        writes = writes_by_owner([*listed.values(), *listings])
-        return [self._assemble(p, s, values, writes.get(s.name, {}), subject) for s in checkpoints]
+        if listings:
+            writes = writes_by_owner([*listed.values(), *listings])
+            return [self._assemble(p, s, values, list(writes.get(s.name, {}).values()), subject) for s in checkpoints]
+        return [self._assemble(p, s, values, listed.get(s.name, ()), subject) for s in checkpoints]
 
     def _blob_value(self, p: Partition, sha: str, rec: Record | None, subject: str) -> Any:
         """The value a checkpoint's blob ``sha`` holds, checked against its name and seal."""
@@ -1250,18 +1257,21 @@ class CheckpointLayout:
         p: Partition,
         s: CheckpointRecord,
         values: Mapping[str, Any],
-        writes: Mapping[str, Record],
+        writes: Sequence[Record],
         subject: str,
     ) -> LoadedCheckpoint:
-        """The checkpoint ``s`` with its channel values (blob ``values`` by digest) and pending ``writes``."""
+        """The checkpoint ``s`` with its channel values (blob ``values`` by digest) and pending ``writes``.
+
+        ``writes``: its writes records, each once.
+        """
         pending: list[PendingWrite] = []
         if writes:
-            found = [w for rec in writes.values() for w in self._pending(p, rec, subject)]
+            found = [w for rec in writes for w in self._pending(p, rec, subject)]
             found.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
             pending = [(w[1], w[3], w[4]) for w in found]
         channel_values = {ch: values[d] for ch, d in s.blobs.items()} if s.blobs else {}
-        for ch, data in s.inline.items():
-            channel_values[ch] = self._loads(_channel_label(ch, s.cid, subject), data)
+        if s.inline:
+            channel_values.update(self._inline_values(s, subject))
         checkpoint: Any = {**s.checkpoint, "channel_values": channel_values}
         metadata: Any = s.metadata
         return LoadedCheckpoint(p.name, s.ns, s.cid, s.parent, checkpoint, metadata, pending)
@@ -1430,18 +1440,21 @@ class CheckpointLayout:
         Returns how many checkpoint records it held and the last one's
         (name, checkpoint id), for :func:`list_next`.
         """
-        children = _children_by_pick(recs, q)
         picks, last = 0, None
+        depth, start = q.depth, len(q.prefix)  # q.at_depth, inline: one test per record
+        kids: list[Record] | None = None  # the last pick's children (its writes), when listed
         for rec in recs:
-            if not q.at_depth(rec.name):
+            if depth is not None and rec.name.count("/", start) != depth:
+                if kids is not None:
+                    kids.append(rec)
                 continue
             picks += 1
             s = self._decode_checkpoint(p, rec)
             last = (rec.name, s.cid)
             if (thread, rec.name) not in found and selection.keeps(s):
                 found[(thread, rec.name)] = s
-            if rec.name in children:
-                listed.setdefault(thread, {})[rec.name] = children[rec.name]
+            if q.children:
+                kids = listed.setdefault(thread, {})[rec.name] = []
         return picks, last
 
     def _load_picked_flow(

@@ -83,6 +83,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from .._names import Partition, decode_component
@@ -117,7 +118,19 @@ class Mode(enum.Enum):
     IF_MATCH = "if_match"  #: write only if present with etag == ``if_match``
 
 
-@dataclass(frozen=True)
+# Record, Put and ListQuery are built for every record a backend reads or
+# writes. They stay frozen dataclasses (fields, equality, repr,
+# ``dataclasses.replace``, FrozenInstanceError on assignment), but with an
+# ``__init__`` of their own (``init=False``): the generated frozen one sets
+# each field with ``object.__setattr__``; these set the instance dict in one
+# call, about half the construction time. Same signature, same defaults.
+# (WriteResult, two fields, gains nothing from it and keeps the generated one.)
+_set = object.__setattr__
+#: The default of ``Put.tags``: each Put gets a dict of its own, as ``default_factory=dict`` gave.
+_FRESH_TAGS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, init=False)
 class Record:
     """One stored record, as a backend returns it.
 
@@ -133,8 +146,11 @@ class Record:
     digest: str
     seq: int
 
+    def __init__(self, name: str, value: bytes, tags: Mapping[str, str], etag: str, digest: str, seq: int) -> None:
+        _set(self, "__dict__", {"name": name, "value": value, "tags": tags, "etag": etag, "digest": digest, "seq": seq})
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class Put:
     """Write ``value`` under ``name`` if ``mode`` allows it.
 
@@ -161,6 +177,22 @@ class Put:
     mode: Mode = Mode.UPSERT
     if_match: str | None = None
     staged: bool = False
+
+    def __init__(
+        self,
+        name: str,
+        value: bytes,
+        digest: str,
+        etag: str,
+        tags: Mapping[str, str] = _FRESH_TAGS,
+        mode: Mode = Mode.UPSERT,
+        if_match: str | None = None,
+        staged: bool = False,
+    ) -> None:
+        _set(self, "__dict__", {
+            "name": name, "value": value, "digest": digest, "etag": etag,
+            "tags": {} if tags is _FRESH_TAGS else tags, "mode": mode, "if_match": if_match, "staged": staged,
+        })  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -196,7 +228,7 @@ class WriteResult:
     conflict: Conflict | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ListQuery:
     """What :meth:`Backend.list` returns.
 
@@ -231,6 +263,27 @@ class ListQuery:
     values: bool = True
     depth: int | None = None
     children: bool = False
+
+    def __init__(
+        self,
+        prefix: str = "",
+        order: str = "name",
+        descending: bool = False,
+        limit: int | None = None,
+        tags: Mapping[str, str] = _FRESH_TAGS,
+        start: str | int | None = None,
+        stop: str | int | None = None,
+        values: bool = True,
+        depth: int | None = None,
+        children: bool = False,
+    ) -> None:
+        _set(self, "__dict__", {
+            "prefix": prefix, "order": order, "descending": descending, "limit": limit,
+            "tags": {} if tags is _FRESH_TAGS else tags, "start": start, "stop": stop, "values": values,
+            "depth": depth, "children": children,
+        })  # fmt: skip
+        if depth is not None or children:
+            self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.depth is not None and self.depth < 0:

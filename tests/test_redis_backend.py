@@ -1205,6 +1205,34 @@ def test_whole_partition_seq_index_of_the_previous_format_goes_at_the_next_write
     assert c.zrangebylex(x, "[|", "(}") == []
 
 
+def test_an_unchanged_if_match_re_put_is_checked_not_rewritten(each_redis: RedisBackend) -> None:
+    """A re-put under its own etag with the stored digest and tags (a lease guard)
+    keeps the stored record: same seq, no new seq assigned, nothing rewritten;
+    any difference (tags, digest, a new etag) is a write as before."""
+    b = each_redis
+    assert b.inline_conditions
+    p = Partition("reput", "items", "r-" + uuid.uuid4().hex[:8])
+    first = b.write(p, [make_put("c/lease", b"held by nobody", tags={"k": "v"})]).records[0]
+    c, (r, _n, _x, _t, seqkey) = raw_client(b), b.keys_of(p)
+    stored = c.hgetall(r)
+
+    def reput(**changes: object) -> Put:
+        fields = {"name": "c/lease", "value": first.value, "tags": first.tags, "etag": first.etag,
+                  "digest": first.digest, "mode": Mode.IF_MATCH, "if_match": first.etag, **changes}
+        return Put(**fields)  # type: ignore[arg-type]
+
+    guard, other = reput(), make_put("c/other", b"x")
+    result = b.write(p, [guard, other])
+    assert result.conflict is None and result.records[0].seq == first.seq and result.records[1].seq == first.seq + 1
+    assert c.hmget(r, ["m:c/lease", "v:c/lease"]) == [stored[b"m:c/lease"], stored[b"v:c/lease"]]
+    assert int(c.get(seqkey)) == first.seq + 1  # one new seq: the other record's
+    # a stale etag is still refused
+    assert b.write(p, [reput(if_match="stale", etag="stale")]).conflict is not None
+    # new tags under the same etag and digest: a write (a new seq)
+    moved = b.write(p, [reput(tags={"k": "w"})]).records[0]
+    assert moved.seq == first.seq + 2 and b.get(p, ["c/lease"])[0].tags == {"k": "w"}  # type: ignore[union-attr]
+
+
 def test_the_list_script_reports_damage_not_an_outage(each_redis: RedisBackend) -> None:
     """Before: 'attempt to perform arithmetic on a nil value' from the script,
     reported as BackendUnavailableError."""

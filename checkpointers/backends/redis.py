@@ -478,6 +478,9 @@ class RedisBackend(Backend):
     """
 
     kind = "redis"
+    #: One more condition costs nothing: checked inside the batch's one script
+    #: (an unchanged ``IF_MATCH`` re-put is checked and kept, not rewritten).
+    inline_conditions = True
     #: Network round trips so far (a pipeline or script counts once, failed attempts too).
     round_trips = _OnLink[int]()
     #: Attempts that failed with a transient error and were retried.

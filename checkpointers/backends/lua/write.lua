@@ -12,6 +12,9 @@
 --         {3, name, reason, meta} when the batch meets damaged stored data
 --             (nothing was applied; see guarded()),
 --         {1, was_empty, now_empty, meta of put 1, meta of put 2, ...} otherwise.
+-- An IF_MATCH put whose etag is its if_match and whose digest and tag pairs
+-- are the stored record's is kept as stored, like an append of the same
+-- digest (its metadata returned, nothing written, no new seq).
 -- Append mode compares content digests: the part before the first "." (a
 -- seal may follow it; see backends.base.content_digest).
 local r, n, x, t, seqkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -81,6 +84,11 @@ for i = 0, np - 1 do
   if mode == "i" then
     if not meta then return refuse(i, name) end
     if s_etag[i] ~= ARGV[b + 3] then return refuse(i, name) end
+    -- an unchanged re-put under its own etag (a lease guard): same etag,
+    -- digest and tag pairs hold exactly the stored record; kept as it is
+    if ARGV[b + 4] == ARGV[b + 3] and s_digest[i] == ARGV[b + 5] and s_pairs[i] == ARGV[b + 6] then
+      noop[i] = true
+    end
   end
   if (mode == "a" or mode == "s") and meta then
     local have, want = s_digest[i], ARGV[b + 5]

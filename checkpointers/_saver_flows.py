@@ -40,7 +40,8 @@ value of a put goes (:func:`split_channels`, :class:`ChannelPlan`,
 which listings a load needs (:func:`writes_queries`, :func:`writes_by_owner`)
 and the bounded list walks (:func:`list_starts`, :func:`list_next`, ...).
 Then :class:`CheckpointLayout`, the object a saver holds (serializer, size
-cap, seals, the :class:`ParentChannels` cache), whose methods are the flows:
+cap, seals, the :class:`ParentChannels` cache, the :class:`VerifiedRecords` memo),
+whose methods are the flows:
 generators of backend operations yielded through the typed helpers of
 :mod:`checkpointers.flows`, which the saver drives with ``run`` in its sync
 methods and ``arun`` in its async ones.
@@ -170,6 +171,21 @@ def writes_prefix(ns: str, cid: str) -> str:
 def _old_writes_prefix(ns: str, cid: str) -> str:
     """Where records of formats 1 and 2 had their writes."""
     return f"{_OLD_WRITE}{enc(ns)}/{enc(cid)}/"
+
+
+def _latest_query(ns: str) -> ListQuery:
+    """The listing of namespace ``ns``'s latest checkpoint record and its writes (remembered: built once)."""
+    q = _LATEST.get(ns)
+    if q is None:
+        q = ListQuery(prefix=ckpt_prefix(ns), depth=0, descending=True, limit=1, children=True)
+        if len(_LATEST) < _LATEST_KEPT:  # a graph has a handful of namespaces per thread; never grow without bound
+            _LATEST[ns] = q
+    return q
+
+
+#: :func:`_latest_query` by namespace (a ListQuery is immutable), at most :data:`_LATEST_KEPT`.
+_LATEST: dict[str, ListQuery] = {}
+_LATEST_KEPT = 256
 
 
 #: Levels of the name tree below ``c/``: ``<ns>/<cid>`` and ``<ns>/<cid>/<task>/<i>``.
@@ -863,9 +879,10 @@ class CheckpointLayout:
 
     ``serde`` serializes values (framed with their type name), every record
     is at most ``max_item_bytes``, ``integrity`` seals and checks records,
-    ``parents`` is the :class:`ParentChannels` cache (shared by the layouts a
-    saver's views and clones derive with :func:`dataclasses.replace`). The
-    flows below are its methods; they hold no other state.
+    ``parents`` is the :class:`ParentChannels` cache and ``verified`` the
+    :class:`VerifiedRecords` memo (both shared by the layouts a saver's views
+    and clones derive with :func:`dataclasses.replace`). The flows below are
+    its methods; they hold no other state.
     """
 
     serde: SerializerProtocol
@@ -1203,7 +1220,7 @@ class CheckpointLayout:
             name = ckpt_name(ns, cid)
             q = ListQuery(prefix=name, depth=0, limit=1, children=True)
         else:
-            q = ListQuery(prefix=ckpt_prefix(ns), depth=0, descending=True, limit=1, children=True)
+            q = _latest_query(ns)
         recs = yield from listing(p, q)
         rec = recs[0] if recs and (not cid or recs[0].name == name) else None
         if rec is None:

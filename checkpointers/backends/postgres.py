@@ -613,6 +613,11 @@ class PostgresBackend(Backend):
     """
 
     kind = "postgres"
+    #: One more condition costs nothing: ``write_batch`` checks every condition
+    #: of a batch in its one transaction, under the partition's lock (an
+    #: unchanged ``IF_MATCH`` re-put is checked and kept, not rewritten), so a
+    #: write without a lease carries its guard instead of reading it first.
+    inline_conditions = True
 
     def __init__(
         self,

@@ -1384,6 +1384,12 @@ def test_an_unchanged_if_match_reput_is_checked_not_rewritten(sqlite_backend: Sq
     # the condition still holds: a moved etag refuses the batch, and another digest is a rewrite
     moved = Put(lease.name, lease.value, lease.digest, "other", dict(lease.tags), Mode.IF_MATCH, "other")
     assert sqlite_backend.write(P, [moved]).conflict is not None
+    # other tags under the same etag and an unsealed digest (which does not bind tags): rewritten
+    retagged = Put(lease.name, lease.value, lease.digest, lease.etag, {"k": "w"}, Mode.IF_MATCH, lease.etag)
+    (moved_tags,) = sqlite_backend.write(P, [retagged]).records
+    assert moved_tags.seq > new.seq and moved_tags.tags == {"k": "w"}
+    assert [r.name for r in sqlite_backend.list(P, ListQuery(tags={"k": "w"}))] == ["lease"]
+    assert sqlite_backend.list(P, ListQuery(tags={"k": "v"})) == []
     changed = make_put("lease", b"renewed", tags={"k": "v"}, mode=Mode.IF_MATCH, if_match=lease.etag)
     (renewed,) = sqlite_backend.write(P, [changed]).records
-    assert renewed.seq > new.seq and sqlite_backend.get(P, ["lease"])[0] == renewed
+    assert renewed.seq > moved_tags.seq and sqlite_backend.get(P, ["lease"])[0] == renewed

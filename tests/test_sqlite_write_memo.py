@@ -197,6 +197,11 @@ def test_an_unchanged_reput_the_memo_knows_is_written_without_reading(pair) -> N
     # a re-put of what is stored now goes through (read, then remembered), and a changed one is a rewrite
     assert a.write(P, [_reput(taken), make_put("c3", b"c", mode=Mode.APPEND)]).conflict is None
     assert a.write(P, [_reput(taken), make_put("c4", b"c", mode=Mode.APPEND)]).conflict is None
+    # the memo knows the tags too: the same etag and unsealed digest with other tags is a rewrite
+    (tagged, _) = a.write(P, [Put("lease", taken.value, taken.digest, taken.etag, {"t": "1"}, Mode.IF_MATCH,
+                                  taken.etag), make_put("c4b", b"c", mode=Mode.APPEND)]).records
+    assert tagged.seq > taken.seq and b.list(P, ListQuery(tags={"t": "1"}))[0].name == "lease"
+    taken = tagged
     other = Put("lease", b"carol", taken.digest, "e-new", {}, Mode.IF_MATCH, taken.etag)  # same digest, new etag
     (rewritten, _) = a.write(P, [other, make_put("c5", b"c", mode=Mode.APPEND)]).records
     assert rewritten.etag == "e-new" and b.get(P, ["lease"])[0].etag == "e-new"  # type: ignore[union-attr]

@@ -177,6 +177,7 @@ from .base import (
     evaluate,
     read_partitions,
     tags_json,
+    unchanged_reput,
     users_of,
 )
 from .ops import GetOp, ListOp
@@ -848,8 +849,8 @@ class _Connection(sqlite3.Connection):
         super().__init__(*args, **kwargs)
         self.version: int | None = None
         self.bases: dict[str, int] = {}
-        #: by partition: name -> (etag, digest, seq) of conditioned records it wrote (no values: small)
-        self.records: dict[str, dict[str, tuple[str, str, int]]] = {}
+        #: by partition: name -> (etag, digest, seq, tags) of conditioned records it wrote (no values: small)
+        self.records: dict[str, dict[str, tuple[str, str, int, Mapping[str, str]]]] = {}
         self.vacuums: bool | None = None  #: ``auto_vacuum`` is not ``NONE`` (None: not asked yet)
         self.retention: list[Retention] = []  #: the owning backend's retention, boxed (see :func:`_ttl`)
 
@@ -863,8 +864,8 @@ class _Connection(sqlite3.Connection):
             return None
         return self.bases.get(pkey)
 
-    def known_record(self, pkey: str, name: str) -> tuple[str, str, int] | None:
-        """``(etag, digest, seq)`` of ``name`` as this connection last wrote it (once :meth:`known_base` is current)."""
+    def known_record(self, pkey: str, name: str) -> tuple[str, str, int, Mapping[str, str]] | None:
+        """``(etag, digest, seq, tags)`` of ``name`` as this connection wrote it last (if :meth:`known_base` holds)."""
         return self.records.get(pkey, {}).get(name)
 
     def wrote(
@@ -894,7 +895,7 @@ class _Connection(sqlite3.Connection):
                 mine = self.records.setdefault(pkey, {})
                 if len(mine) + len(conditioned) > _MEMO_RECORDS:
                     mine.clear()
-                mine.update((r.name, (r.etag, r.digest, r.seq)) for r in conditioned)
+                mine.update((r.name, (r.etag, r.digest, r.seq, dict(r.tags))) for r in conditioned)
 
 
 def _free_pages(conn: sqlite3.Connection) -> int:
@@ -1050,7 +1051,9 @@ def _write_new(
     for put in puts:
         if base is not None and put.mode is Mode.IF_MATCH:
             known = conn.known_record(pkey, put.name)
-            if known is None or not (put.etag == put.if_match == known[0] and put.digest == known[1]):
+            if known is None or not (put.etag == put.if_match == known[0] and put.digest == known[1] and (
+                put.tags == known[3]
+            )):
                 base = None
             else:
                 kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, known[2])
@@ -1096,9 +1099,10 @@ def _write_checked(
     kept = _fetch(conn, pkey, [puts[i].name for i in noops], values=True) if noops else {}
     for i, put in enumerate(puts):
         stored = existing.get(put.name)
-        if (  # the stored record itself under its own etag (an intact row: a damaged one is rewritten)
-            stored is not None and put.mode is Mode.IF_MATCH and put.etag == put.if_match == stored.etag
-            and put.digest == stored.digest and stored.tags is not _DAMAGED_TAGS
+        # the stored record itself under its own etag; an intact row (a damaged one is rewritten)
+        # with the same tags (a digest without a seal does not bind them)
+        if unchanged_reput(put, stored) and stored is not None and stored.tags is not _DAMAGED_TAGS and (
+            put.tags == stored.tags
         ):
             kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, stored.seq)
             noops.append(i)

@@ -1114,6 +1114,9 @@ RECORD_DAMAGE = {
     "value missing": (lambda c, keys, name: c.hdel(keys[0], f"v:{name}"), True),
     "compressed value cut short": (_cut_value, True),
     "compressed value not zlib": (lambda c, keys, name: c.hset(keys[0], f"v:{name}", b"not zlib at all"), True),
+    # ~10 KB that would inflate to 50 MB: refused past 256x its stored size, never inflated whole
+    "compressed value a zip bomb": (
+        lambda c, keys, name: c.hset(keys[0], f"v:{name}", zlib.compress(b"\0" * 50_000_000, 9)), True),
 }
 
 
@@ -1142,7 +1145,8 @@ def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBacke
     b = each_redis
     p = Partition("zip", "items", "z-" + uuid.uuid4().hex[:8])
     noise = random.Random(7).randbytes(4000)
-    values = {"c/big": b"abc" * 2000, "c/noise": noise, "c/small": b"s" * 100, "b/blob": b"blob" * 1000}
+    values = {"c/big": b"abc" * 2000, "c/noise": noise, "c/small": b"s" * 100, "b/blob": b"blob" * 1000,
+              "c/zeros": b"\0" * 300_000}
     puts = [make_put(n, v, tags={"k": "v"}) for n, v in values.items() if n != "b/blob"]
     puts.append(make_put("b/blob", values["b/blob"], mode=Mode.APPEND, staged=True))
     assert b.write(p, puts).conflict is None
@@ -1150,6 +1154,8 @@ def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBacke
     stored = {n: c.hmget(r, [f"m:{n}", f"v:{n}"]) for n in values}
     assert stored["c/big"][0].endswith(b"\nz") and len(stored["c/big"][1]) < 200
     assert zlib.decompress(stored["c/big"][1]) == values["c/big"]
+    # the most compressible value there is: level 1 packs it ~228x, under the 256x a reader allows
+    assert stored["c/zeros"][0].endswith(b"\nz") and 200 < len(values["c/zeros"]) / len(stored["c/zeros"][1]) < 256
     for n in ("c/noise", "c/small", "b/blob"):  # not worth it, too small, staged
         assert not stored[n][0].endswith(b"\nz") and stored[n][1] == values[n], n
     assert {rec.name: rec.value for rec in b.get(p, list(values))} == values  # type: ignore[union-attr]
@@ -1157,7 +1163,7 @@ def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBacke
     assert {rec.name: rec.value for rec in listed} == values
     assert all(rec.value == b"" and rec.tags for rec in b.list(p, ListQuery(prefix="c/", values=False)))
     assert [rec.value for rec in b.list(p, ListQuery(tags={"k": "v"}, order="seq"))] == [
-        values["c/big"], noise, values["c/small"]]
+        values["c/big"], noise, values["c/small"], values["c/zeros"]]
     assert {rec.name: rec.value for rec in b.many([GetOp(p, list(values))])[0]} == values  # type: ignore[union-attr]
     assert {rec.name: rec.value for rec in asyncio.run(b.alist(p, ListQuery()))} == values
     # an append of the same content returns the stored record, decompressed

@@ -80,6 +80,19 @@ _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting wi
 _SQUEEZE_MIN = 1024
 #: The metadata's last line when the value is stored compressed (records without it are raw).
 _SQUEEZED = b"\nz"
+#: A value is stored compressed only if it expands at most this many times, and a
+#: reader refuses one that would expand more: bytes written straight into Redis
+#: cannot make a read inflate a small field into an unbounded one (a zip bomb).
+_SQUEEZE_RATIO = 256
+
+
+def _inflate(packed: bytes) -> bytes:
+    """A compressed field's value; ``zlib.error`` if damaged or past :data:`_SQUEEZE_RATIO`."""
+    inflater = zlib.decompressobj()
+    value = inflater.decompress(packed, _SQUEEZE_RATIO * len(packed))
+    if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise zlib.error(f"the value does not end within {_SQUEEZE_RATIO}x its stored size")
+    return value
 _T = TypeVar("_T")
 
 
@@ -186,7 +199,7 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None, stored: bool = 
         if tags[-2:] == _SQUEEZED:
             tags = tags[:-2]
             if stored and value is not None:
-                value = zlib.decompress(value)
+                value = _inflate(value)
         if tags == b"{}":
             parsed: Any = {}
         else:
@@ -241,7 +254,7 @@ def _damage(meta: Any, value: Any, stored: bool = True) -> str:
         return f"its value is a {type(value).__name__}, not bytes"
     if squeezed and stored:
         try:
-            zlib.decompress(value)
+            _inflate(value)
         except zlib.error as exc:
             return f"its value does not decompress (its metadata says zlib: {exc})"
     return "its name is not ASCII"
@@ -343,7 +356,7 @@ def _squeezed(put: Put) -> tuple[bytes, str | bytes]:
     if put.staged or len(put.value) < _SQUEEZE_MIN:
         return put.value, tags
     packed = zlib.compress(put.value, 1)
-    if len(packed) > len(put.value) - (len(put.value) >> 3):
+    if len(packed) > len(put.value) - (len(put.value) >> 3) or len(packed) * _SQUEEZE_RATIO < len(put.value):
         return put.value, tags
     return packed, tags.encode() + _SQUEEZED
 

@@ -612,4 +612,10 @@ def test_memory_keeps_an_unchanged_reput_as_stored() -> None:
     assert again is stored and again.seq == stored.seq
     changed = replace(put, digest="d2", etag="e2", mode=Mode.IF_MATCH, if_match="e1")
     assert backend.write(p, [changed]).records[0].seq > stored.seq  # another digest: written
+    (now,) = backend.get(p, ["r"])
+    assert now is not None
+    retagged = replace(changed, tags={"t": "2"}, if_match="e2")  # same etag and digest, other tags
+    (written,) = backend.write(p, [retagged]).records
+    assert written.seq > now.seq and backend.get(p, ["r"])[0].tags == {"t": "2"}  # type: ignore[union-attr]
     assert backend.write(p, [replace(put, etag="e3", mode=Mode.IF_MATCH, if_match="e1")]).conflict is not None
+    assert backend.write(p, [replace(put, etag="e2", mode=Mode.IF_MATCH, if_match="e2")]).records[0].seq > written.seq

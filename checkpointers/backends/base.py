@@ -35,7 +35,7 @@ Guarantees a backend must give (the conformance suite checks them):
 * **Sequence numbers**: every applied put gets a ``seq`` greater than any seq
   the partition has handed out before (no-ops keep their old seq).
 * **Unchanged re-puts** (:func:`unchanged_reput`): an ``IF_MATCH`` put of the
-  stored record itself (its etag is ``if_match``, same digest) may be applied
+  stored record itself (its etag is ``if_match``, same digest and tags) may be applied
   as a check only, like an append no-op: the record and its seq stay. The
   layer above re-puts a lease record that way to carry its condition
   (:mod:`checkpointers.leases`); a backend may equally rewrite it.
@@ -379,15 +379,17 @@ def unchanged_reput(put: Put, stored: Record | None) -> bool:
     """Whether ``put`` re-puts ``stored`` unchanged under its own etag (a condition, nothing to write).
 
     An ``IF_MATCH`` put whose ``etag`` is its ``if_match`` and whose digest
-    is the stored one (the digest's seal binds name and tags) holds exactly
-    the stored record: a backend may check it and keep the record (and its
-    seq) instead of rewriting it. Only call it once the condition passed.
+    and tags are the stored ones (tags compared too: a digest without a seal
+    does not bind them) holds exactly the stored record: a backend may check
+    it and keep the record (and its seq) instead of rewriting it. Only call
+    it once the condition passed.
     """
     return (
         stored is not None
         and put.mode is Mode.IF_MATCH
         and put.etag == put.if_match == stored.etag
         and put.digest == stored.digest
+        and put.tags == stored.tags
     )
 
 

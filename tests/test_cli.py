@@ -475,14 +475,17 @@ def test_gc_collects_expired_threads_of_every_user_and_stats_spans_users(
     import time
 
     url = f"sqlite:///{tmp_path / 'ttl.db'}"
-    fill(f"{url}?ttl=0.5")
+    ttl, start = 4.0, time.monotonic()  # long enough to fill and look on a loaded machine; then wait it out
+    fill(f"{url}?ttl={ttl}")
+    filled = time.monotonic()
     with Checkpointer.from_url(url) as saver:  # no ttl: carol's thread never expires
         work_graph(saver.for_user("carol")).invoke({"n": 0}, CONFIG)
     code, threads = run(capsys, "threads", url, "--user", USER)
     assert code == EXIT_OK and all(t["expires"] for t in threads)
     code, stats = run(capsys, "stats", url)
     assert code == EXIT_OK and {u["user"] for u in stats["largest"]} == {USER, "bob", "carol"}
-    time.sleep(0.7)
+    assert time.monotonic() - start < ttl, "the fill and the looks took longer than the ttl"
+    time.sleep(max(0.0, filled + ttl + 0.2 - time.monotonic()))
     code, dry = run(capsys, "gc", url, "--dry-run")
     assert code == EXIT_OK and dry["expired"]["count"] == 3
     assert sorted((e["user"], e["name"]) for e in dry["expired"]["partitions"]) == [

@@ -44,7 +44,7 @@ def _no_tick(_: int) -> None:
 
 def thread_summary(saver: Checkpointer, p: Partition) -> dict[str, Any]:
     """Counts and bytes of one thread, and the time of its newest checkpoint (one walk)."""
-    counts = {"checkpoint": 0, "writes": 0, "blob": 0, "unknown": 0}
+    counts = {"checkpoint": 0, "writes": 0, "blob": 0, "lease": 0, "unknown": 0}
     size = 0
     newest = None
     for rec in walk(saver.backend, p):

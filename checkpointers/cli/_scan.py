@@ -19,6 +19,7 @@ from .._names import Partition
 from .._saver_flows import SPACE
 from ..backends.base import Backend, ListQuery, Record
 from ..errors import CorruptItemError
+from ..leases import LEASE_NAME
 
 __all__ = [
     "PAGE",
@@ -90,6 +91,8 @@ class RecordKind:
 
 def kind_of(name: str) -> RecordKind:
     """Classify a record of a LangGraph thread by its name (see the module docstring)."""
+    if name == LEASE_NAME:
+        return RecordKind("lease")
     if name.startswith(BLOB):
         return RecordKind("blob")
     if name.startswith(OLD_WRITES) and name.count("/") == 4:

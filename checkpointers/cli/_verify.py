@@ -22,6 +22,8 @@ from .._names import Partition, decode_component
 from ..backends.base import Record, WriteResult, content_digest
 from ..backends.ops import WriteOp
 from ..errors import CorruptItemError, DisallowedTypeError
+from ..leases import LeaseSite
+from ..leases import decode as decode_lease
 from ..savers import Checkpointer
 from ..store import decode_value
 from ._inspect import OTHER_SPACES
@@ -96,6 +98,8 @@ def _check_record(saver: Checkpointer, p: Partition, rec: Record, refs: _Refs) -
         if content_digest(rec.digest) != sha:
             raise CorruptItemError(rec.name, "its stored digest is not the one its name says")
         layout_of(saver)._load(p, f"blob {rec.name!r} of {where}", rec)
+    elif kind.kind == "lease":  # the thread's lease record (held, released, or vacant): it must decode
+        decode_lease(LeaseSite(layout_of(saver).integrity, p, p.name), rec)
     else:
         return "not a record name of the LangGraph layout"
     return None
@@ -238,7 +242,7 @@ def collect(
     names = [r.name for r in walk(saver.backend, p, CKPT, depth=1, values=False)]
     doomed = doomed_checkpoints(names, keep, before)
     deleted = _drive(layout_of(saver)._collect_flow(p, names, doomed, orphans=True), saver, dry_run)
-    by_kind: dict[str, list[str]] = {"checkpoint": [], "writes": [], "blob": [], "unknown": []}
+    by_kind: dict[str, list[str]] = {"checkpoint": [], "writes": [], "blob": [], "lease": [], "unknown": []}
     for name in deleted:
         by_kind[kind_of(name).kind].append(name)
     return {"thread_id": p.name, "deleted": by_kind, "dry_run": dry_run}

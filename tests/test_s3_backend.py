@@ -1238,3 +1238,21 @@ def test_a_listing_never_mixes_a_batch_with_a_record_created_alone_where_it_dele
     reader.close()
     assert port.fired
     assert got[keys.name_of(port.fired)] == b"new", f"the batch's old state beside a later create: {got}"
+
+
+def test_requests_do_not_call_uuid4(s3: S3Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangGraph's own tests patch ``uuid.uuid4`` (test_root_graph): botocore's invocation ids are drawn without it.
+
+    botocore draws one per request with ``uuid.uuid4`` unless the request
+    has one; the backend gives each request its own first.
+    """
+    import uuid
+
+    def patched() -> uuid.UUID:
+        raise AssertionError("uuid.uuid4 called")
+
+    p = Partition("u", "langgraph", "no-uuid4")
+    monkeypatch.setattr(uuid, "uuid4", patched)
+    s3.write(p, [make_put("a", b"1", mode=Mode.APPEND), make_put("b", b"2", mode=Mode.APPEND)])
+    s3.write(p, [make_put("a", b"3")], [Delete("b")])
+    assert [r.value for r in s3.list(p, ListQuery())] == [b"3"]

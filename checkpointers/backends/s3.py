@@ -203,8 +203,10 @@ import builtins
 import functools
 import hashlib
 import re
+import secrets
 import threading
 import time
+import uuid
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -297,6 +299,19 @@ def translate_errors(where: str) -> Iterator[None]:
         raise BackendUnavailableError(
             f"S3 endpoint {where} unavailable after retries: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _invocation_id(context: dict[str, Any] | None = None, **_: Any) -> None:
+    """Give a request its botocore invocation id (a random UUID) before botocore draws one with ``uuid.uuid4``.
+
+    LangGraph's own tests patch ``uuid.uuid4`` with a generator of fixed ids
+    (``test_root_graph``): botocore's draw, from the backend's parallel
+    requests, raised "generator already executing" there, and took the
+    test's ids. Batch ids are drawn without it too (``_s3_batch``).
+    """
+    if context is not None:
+        retries = context.setdefault("retries", {})
+        retries.setdefault("invocation-id", str(uuid.UUID(bytes=secrets.token_bytes(16), version=4)))
 
 
 def _code(exc: Any) -> str:
@@ -602,6 +617,7 @@ class S3Backend(Backend):
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self.client.meta.events.register_first("before-send.s3", self._count)
+        self.client.meta.events.register("before-call.s3", _invocation_id)
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="s3-call")
         self._io = ThreadPoolExecutor(max_workers, thread_name_prefix="s3-io")
         self._in_io = threading.local()
@@ -810,6 +826,7 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         self.client.meta.events.unregister("before-send.s3", self._count)
+        self.client.meta.events.unregister("before-call.s3", _invocation_id)
         self._pool.shutdown(wait=True)
         self._io.shutdown(wait=True)
 

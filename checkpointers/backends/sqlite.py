@@ -1556,6 +1556,11 @@ class SqliteBackend(Backend):
     """
 
     kind = "sqlite"
+    #: One more condition costs nothing: a batch's conditions are checked in
+    #: its one ``BEGIN IMMEDIATE`` transaction (an unchanged ``IF_MATCH``
+    #: re-put is checked and kept, not rewritten), so a write without a lease
+    #: carries its guard instead of reading the lease record first.
+    inline_conditions = True
 
     def __init__(
         self,

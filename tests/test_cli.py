@@ -227,13 +227,15 @@ def test_verify_finds_records_damaged_in_redis(
     names = sorted(f.decode()[2:] for f in client.hkeys(key) if f.startswith(b"v:"))
     checkpoint = [n for n in names if kind_of(n).kind == "checkpoint"][0]
     blob = [n for n in names if kind_of(n).kind == "blob"][0]
-    for name in (checkpoint, blob):
+    assert "lease" in names  # the vacant lease record an unleased write keeps: checked like the rest
+    for name in (checkpoint, blob, "lease"):
         client.hset(key, f"v:{name}", _flip(client.hget(key, f"v:{name}")))
     client.close()
     code, report = run(capsys, "verify", url, "--user", USER)
     assert code == EXIT_DAMAGED
     found = sorted((f["partition"], f["record"], f["problem"]) for f in report["problems"])
-    assert found == sorted([("thread-1", checkpoint, "corrupt"), ("thread-1", blob, "corrupt")])  # each once
+    expected = [("thread-1", checkpoint, "corrupt"), ("thread-1", blob, "corrupt"), ("thread-1", "lease", "corrupt")]
+    assert found == sorted(expected)  # each once
 
 
 def test_verify_reports_orphans_and_gc_removes_them(store: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -692,10 +692,114 @@ def test_a_version_2_schema_migrates_to_the_cheaper_write_batch(postgres_url: st
         with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
             b._ready = True  # write through version 2's function first
             (old,) = b.write(p, [make_put("a", b"1", tags={"t": "1"})]).records
-            assert b.migrate() == 2 and b.migrate() == SCHEMA_VERSION == 3
+            assert b.migrate() == 2 and b.migrate() == SCHEMA_VERSION
             assert b.get(p, ["a"]) == [old] and [r.name for r in b.list(p, ListQuery(tags={"t": "1"}))] == ["a"]
             assert b.write(p, [make_put("a", b"2", tags={"t": "2"})]).conflict is None  # replaces its tags
             assert b.list(p, ListQuery(tags={"t": "1"})) == [] and len(b.list(p, ListQuery(tags={"t": "2"}))) == 1
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- migration 4: an APPEND or CREATE put is one INSERT ... ON CONFLICT DO NOTHING --------------------
+
+
+def _raw_names(conn: psycopg.Connection[Any], s: str, p: Partition) -> tuple[list[str], list[str]]:
+    """The names of the partition's ``records`` rows and of its ``tags`` rows, straight from the tables."""
+    records = [n for (n,) in conn.execute(f"SELECT name FROM {s}.records WHERE pkey = %s ORDER BY name", (p.key,))]
+    tags = [n for (n,) in conn.execute(f"SELECT name FROM {s}.tags WHERE pkey = %s ORDER BY name", (p.key,))]
+    return records, tags
+
+
+def test_appends_and_creates_are_inserted_and_a_refused_batch_leaves_none_of_them(
+    postgres_backend: PostgresBackend, _postgres_admin: psycopg.Connection[Any]
+) -> None:
+    b, s, admin = postgres_backend, postgres_backend.schema, _postgres_admin
+    p = Partition("u", "items", "m4")
+    written = b.write(
+        p,
+        [
+            make_put("u1", b"1"),
+            make_put("a1", b"2", tags={"k": "v"}, mode=Mode.APPEND),
+            make_put("c1", b"3", mode=Mode.CREATE),
+            make_put("u2", b"4", tags={"k": "v"}),
+        ],
+    ).records
+    seqs = [r.seq for r in written]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4  # drawn in put order, inserted ones too
+    a1, c1 = written[1], written[2]
+    assert b.get(p, ["a1", "c1"]) == [a1, c1]
+    assert [r.name for r in b.list(p, ListQuery(tags={"k": "v"}))] == ["a1", "u2"]
+    before = _row_version(admin, s, p, "a1")
+    # the same content again: kept, the stored record returned, its row untouched
+    (kept,) = b.write(p, [make_put("a1", b"2", tags={"k": "v"}, mode=Mode.APPEND)]).records
+    assert kept == a1 and _row_version(admin, s, p, "a1") == before
+    other = b.write(p, [make_put("a1", b"other", mode=Mode.APPEND)])  # different content: refused
+    assert other.records == [] and other.conflict is not None
+    assert (other.conflict.index, other.conflict.name, other.conflict.existing) == (0, "a1", a1)
+    raw = _raw_names(admin, s, p)
+    refused = [  # each inserts an append and a create before its conflict is found
+        (
+            [
+                make_put("a2", b"x", tags={"k": "v"}, mode=Mode.APPEND),
+                make_put("c2", b"y", mode=Mode.CREATE),
+                make_put("c1", b"z", mode=Mode.CREATE),
+            ],
+            [],
+            (2, "c1", c1),
+        ),
+        (
+            [make_put("a2", b"x", tags={"k": "v"}, mode=Mode.APPEND), make_put("a1", b"w", mode=Mode.APPEND)],
+            [],
+            (1, "a1", a1),
+        ),
+        (
+            [
+                make_put("a2", b"x", tags={"k": "v"}, mode=Mode.APPEND),
+                make_put("i1", b"v", mode=Mode.IF_MATCH, if_match="nope"),
+            ],
+            [],
+            (1, "i1", None),
+        ),
+        (
+            [make_put("a2", b"x", tags={"k": "v"}, mode=Mode.APPEND)],
+            [Delete("u1", if_match="stale")],
+            (1, "u1", written[0]),
+        ),
+    ]
+    for puts, deletes, (index, name, existing) in refused:
+        result = b.write(p, puts, deletes)
+        assert result.records == [] and result.conflict is not None
+        assert (result.conflict.index, result.conflict.name, result.conflict.existing) == (index, name, existing)
+        assert _raw_names(admin, s, p) == raw  # no row of the refused batch stayed, no tag row either
+        assert b.get(p, ["a2", "c2"]) == [None, None]
+    (a2,) = b.write(p, [make_put("a2", b"x", tags={"k": "v"}, mode=Mode.APPEND)]).records
+    assert a2.seq > max(seqs) and [r.name for r in b.list(p, ListQuery(tags={"k": "v"}))] == ["a1", "a2", "u2"]
+
+
+def test_a_version_3_schema_migrates_to_the_inserting_write_batch(postgres_url: str) -> None:
+    from checkpointers.backends.postgres import MIGRATIONS
+
+    schema = f"cpm_{uuid.uuid4().hex[:10]}"
+    p = Partition("u", "items", "v3")
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 3
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
+            for statement in MIGRATIONS[0] + MIGRATIONS[1] + MIGRATIONS[2]:
+                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
+            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1), (2), (3)")
+        with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+            b._ready = True  # write through version 3's function first
+            old = b.write(p, [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND), make_put("c", b"2")]).records
+            assert b.migrate() == 3 and b.migrate() == SCHEMA_VERSION == 4
+            assert b.get(p, ["a", "c"]) == old
+            assert b.write(p, [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND)]).records == old[:1]
+            refused = b.write(p, [make_put("n", b"3", mode=Mode.APPEND), make_put("c", b"4", mode=Mode.CREATE)])
+            assert refused.conflict is not None and refused.conflict.existing == old[1]
+            assert b.get(p, ["n"]) == [None]
+            (new,) = b.write(p, [make_put("n", b"3", tags={"t": "1"}, mode=Mode.APPEND)]).records
+            assert new.seq > old[1].seq and [r.name for r in b.list(p, ListQuery(tags={"t": "1"}))] == ["a", "n"]
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -4,8 +4,11 @@ For each backend (memory, SQLite on a file, Redis on ``--redis``), N
 ``set_item`` calls of one scope in three settings, then N renewals:
 
 * ``allow``: ``Store(unleased="allow")``: the plain write, no lease involved;
-* ``refuse``: the default ``unleased="refuse"``: each write first reads the
-  lease record (absent here), to refuse writes to a scope someone holds;
+* ``refuse``: the default ``unleased="refuse"``, to refuse writes to a scope
+  someone holds: the write carries the lease record's condition itself (its
+  last version seen free, or a vacant one created in the same batch) where the
+  backend declares ``inline_conditions`` (memory, SQLite, Redis), else it
+  first reads the lease record;
 * ``lease``: under a lease: each write carries the lease record's condition
   (the record re-put unchanged, ``IF_MATCH``) in the same backend write;
 * ``renew``: ``lease.renew()`` (one conditional write of the lease record).

@@ -40,7 +40,9 @@ One effect is one record, ``fx/<encoded key parts>``, whose states are::
   (:func:`checkpointers.leases.guarded_write_flow`); a stale holder's intent
   is refused with ``LeaseLostError``. Without a lease, a write to a scope
   another owner holds is refused with ``LeaseHeldError`` (the store's
-  ``unleased="refuse"``, which costs one read of the lease record per write).
+  ``unleased="refuse"``: the write carries that check itself on backends that
+  declare ``inline_conditions``, memory, SQLite, Redis and PostgreSQL; S3 reads
+  the lease record first).
 
 ``fx.key`` is the idempotency key to hand to the downstream system: ``fx-``
 and 32 hex digits of a SHA-256 over the user, space, partition and key parts
@@ -110,7 +112,7 @@ from .errors import (
     StepMismatchError,
     UnknownOutcomeError,
 )
-from .leases import Clock, Lease, LeaseSite, guarded_write_flow
+from .leases import Clock, Lease, LeaseMemo, LeaseSite, guarded_write_flow
 from .store import decode_value, encode_value
 
 if TYPE_CHECKING:
@@ -377,8 +379,11 @@ class Journal:
         self.site = site or LeaseSite(integrity, partition, self.label)
         self.clock = clock
         refuse = unleased == "refuse"
+        memo = LeaseMemo() if backend.inline_conditions else None  # no lease read per write (see leases)
         self._writer: Writer = writer or (
-            lambda puts, lease: guarded_write_flow(self.site, lease, puts, (), clock=clock, refuse_unleased=refuse)
+            lambda puts, lease: guarded_write_flow(
+                self.site, lease, puts, (), clock=clock, refuse_unleased=refuse, memo=memo
+            )
         )
 
     def effect(

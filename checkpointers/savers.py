@@ -41,8 +41,9 @@ node runs, and a worker that was paused past its ttl and taken over gets
 ``LeaseLostError`` on its next write, which lands nothing (the check is in the
 write's own atomic backend operation). ``saver.expired_leases()`` lists the
 user's abandoned threads for recovery. Writes outside a lease block to a
-thread another worker holds are refused (``unleased="refuse"``, one read per
-write; ``"allow"`` skips it). See :mod:`checkpointers._saver_leases`.
+thread another worker holds are refused (``unleased="refuse"``: the write
+carries that check in its own backend operation, except on S3, which reads the
+lease record first; ``"allow"`` skips it). See :mod:`checkpointers._saver_leases`.
 """
 
 from __future__ import annotations
@@ -208,9 +209,10 @@ class Checkpointer(BaseCheckpointSaver[str]):
         on_write_mismatch: called with a :class:`WriteMismatch` for every
             re-written write whose value differs from the stored one.
         unleased: a write to a thread this saver holds no :meth:`lease` on:
-            ``"refuse"`` (default) reads the thread's lease record first and
-            raises :class:`~checkpointers.errors.LeaseHeldError` while another
-            owner holds it (one read more per ``put``/``put_writes``);
+            ``"refuse"`` (default) raises
+            :class:`~checkpointers.errors.LeaseHeldError` while another owner
+            holds it, checked inside the write itself (on S3: one read of the
+            lease record more per ``put``/``put_writes``);
             ``"allow"`` writes without looking (leases are then advisory for
             writers outside a ``lease`` block).
         clock: the wall clock of leases (seconds since the epoch, default

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import random
 import secrets
 import threading
 import time
@@ -79,6 +80,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
+
+#: Randomness of the read repeats' pauses (not secret, not seeded: only desynchronizes readers).
+_JITTER = random.Random()
+#: The longest pause between repeats of a read that other writers' batches keep disturbing.
+_MAX_PAUSE = 0.2
 
 from ..errors import BackendUnavailableError, CorruptItemError
 from ._s3_objects import (
@@ -489,9 +495,9 @@ class Batches:
                     f"{self.read_timeout} s: other writers' batches kept landing during the read"
                 )
             hidden |= met.hide
-            if met.rolled:
-                self._clock.sleep(pause)
-                pause = min(pause * 2, 0.05)
+            if met.rolled:  # full jitter: readers that met the same batches do not retry in step
+                self._clock.sleep(pause * (0.5 + _JITTER.random()))
+                pause = min(pause * 2, _MAX_PAUSE)
 
     def _settle_met(self, keys: Keys, objs: list[Obj], hidden: frozenset[str], started: float, multi: bool) -> _Met:
         """Settle the batches whose markers ``objs`` carry (those not hidden nor seen complete since ``started``)."""

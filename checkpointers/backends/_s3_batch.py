@@ -81,11 +81,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-#: Randomness of the read repeats' pauses (not secret, not seeded: only desynchronizes readers).
-_JITTER = random.Random()
-#: The longest pause between repeats of a read that other writers' batches keep disturbing.
-_MAX_PAUSE = 0.2
-
 from ..errors import BackendUnavailableError, CorruptItemError
 from ._s3_objects import (
     TX_ID,
@@ -102,6 +97,11 @@ from ._s3_objects import (
     tombstone,
 )
 from .base import Conflict, Delete, Mode, Put, Record, content_digest, evaluate
+
+#: Randomness of the read repeats' pauses (not secret, not seeded: only desynchronizes readers).
+_JITTER = random.Random()
+#: The longest pause between repeats of a read that other writers' batches keep disturbing.
+_MAX_PAUSE = 0.2
 
 __all__ = [
     "TRANSITIONS",

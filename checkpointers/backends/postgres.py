@@ -144,7 +144,13 @@ Connectable = psycopg.Connection[Any] | ConnectionPool | psycopg.AsyncConnection
 
 @dataclass(frozen=True)
 class _Stmt:
-    """One SQL statement (``%s`` placeholders) and its parameters."""
+    """One SQL statement and its parameters.
+
+    Placeholders are ``%b``: every parameter is sent in binary. psycopg dumps
+    the text arrays of a write batch in binary with no per-element escaping
+    (text arrays go through regular expressions), about half the client CPU
+    of dumping a batch's parameters.
+    """
 
     sql: str
     params: Sequence[Any] = ()
@@ -286,14 +292,14 @@ def _name_range(prefix: str) -> tuple[str, str | None] | None:
 
 def _live(s: str) -> str:
     """The term every read carries: the partition (its key, then the time: two parameters) has not expired."""
-    return f"NOT EXISTS (SELECT 1 FROM {s}.partitions AS e WHERE e.pkey = %s AND e.expires_at <= %s)"
+    return f"NOT EXISTS (SELECT 1 FROM {s}.partitions AS e WHERE e.pkey = %b AND e.expires_at <= %b)"
 
 
 def _get_op(s: str, partition: Partition, names: Sequence[str], now: float) -> _Op[builtins.list[Record | None]]:
     if not names:
         return []
     rows = yield _Stmt(
-        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %s AND r.name = ANY (%s::text[]) AND {_live(s)}",
+        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %b AND r.name = ANY (%b::text[]) AND {_live(s)}",
         (partition.key, builtins.list(names), partition.key, now),
     )
     found = {row[0]: _record(row) for row in rows}
@@ -331,9 +337,9 @@ def _write_params(
 
 
 _WRITE_SQL = (
-    "SELECT st, i, name, seq, etag, digest, tags, value FROM {s}.write_batch(%s, %s, %s, %s, %s, "
-    "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], "
-    "%s::int[], %s::text[], %s::text[], %s::text[], %s::text[])"
+    "SELECT st, i, name, seq, etag, digest, tags, value FROM {s}.write_batch(%b, %b, %b, %b, %b, "
+    "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::bytea[], "
+    "%b::int[], %b::text[], %b::text[], %b::text[], %b::text[])"
 )
 
 
@@ -372,25 +378,25 @@ def _list_where(
     s: str, alias: str, partition: Partition, query: ListQuery, now: float
 ) -> tuple[builtins.list[str], builtins.list[Any]]:
     """``WHERE`` terms on ``alias`` (records or tags rows) for partition (live at ``now``), prefix, depth and range."""
-    where: builtins.list[str] = [f"{alias}.pkey = %s", _live(s)]
+    where: builtins.list[str] = [f"{alias}.pkey = %b", _live(s)]
     params: builtins.list[Any] = [partition.key, partition.key, now]
     bounds = _name_range(query.prefix)
     assert bounds is not None  # checked by the caller
     if query.prefix:
-        where.append(f"{alias}.name >= %s")
+        where.append(f"{alias}.name >= %b")
         params.append(bounds[0])
         if bounds[1] is not None:
-            where.append(f"{alias}.name < %s")
+            where.append(f"{alias}.name < %b")
             params.append(bounds[1])
     if query.depth is not None:  # the '/' in the name: the prefix's own plus ``depth``
-        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = %s")
+        where.append(f"length({alias}.name) - length(replace({alias}.name, '/', '')) = %b")
         params.append(query.prefix.count("/") + query.depth)
     cast = "::text" if query.order == "name" else "::bigint"
     if query.start is not None:
-        where.append(f"{alias}.{query.order} >= %s{cast}")
+        where.append(f"{alias}.{query.order} >= %b{cast}")
         params.append(query.start)
     if query.stop is not None:
-        where.append(f"{alias}.{query.order} < %s{cast}")
+        where.append(f"{alias}.{query.order} < %b{cast}")
         params.append(query.stop)
     return where, params
 
@@ -406,12 +412,12 @@ def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tup
         # walk the first tag's index in the query's order; the others are checked per row
         (k0, v0), *others = query.tags.items()
         where, params = _list_where(s, "t", partition, query, now)
-        where += ["t.k = %s", "t.v = %s"]
+        where += ["t.k = %b", "t.v = %b"]
         params += [_text(k0), _text(v0)]
         for k, v in others:
             where.append(
                 f"EXISTS (SELECT 1 FROM {s}.tags AS o WHERE o.pkey = t.pkey AND o.name = t.name "
-                "AND o.k = %s AND o.v = %s)"
+                "AND o.k = %b AND o.v = %b)"
             )
             params += [_text(k), _text(v)]
         sql = (
@@ -419,7 +425,7 @@ def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tup
             f"WHERE {' AND '.join(where)} ORDER BY t.{query.order} {direction}"
         )
     if query.limit is not None:
-        sql += " LIMIT %s"
+        sql += " LIMIT %b"
         params.append(query.limit)
     return sql, params
 
@@ -438,7 +444,7 @@ def _list_op(s: str, partition: Partition, query: ListQuery, now: float) -> _Op[
     rows = yield _Stmt(
         f"WITH p AS MATERIALIZED ({sql}) "
         "SELECT 0, p.name, p.* FROM p UNION ALL "
-        f"SELECT 1, p.name, {cols.replace('r.', 'c.')} FROM p JOIN {s}.records AS c ON c.pkey = %s "
+        f"SELECT 1, p.name, {cols.replace('r.', 'c.')} FROM p JOIN {s}.records AS c ON c.pkey = %b "
         "AND c.name >= p.name || '/' AND c.name < p.name || '0'",
         (*params, partition.key),
     )
@@ -470,8 +476,8 @@ def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
 def _partitions_op(s: str, user: str, space: str, now: float) -> _Op[builtins.list[str]]:
     user_key = Partition(user, space, "").user_key
     rows = yield _Stmt(
-        f"SELECT p.pkey, p.name FROM {s}.partitions AS p WHERE p.user_key = %s "
-        "AND (p.expires_at IS NULL OR p.expires_at > %s)",
+        f"SELECT p.pkey, p.name FROM {s}.partitions AS p WHERE p.user_key = %b "
+        "AND (p.expires_at IS NULL OR p.expires_at > %b)",
         (user_key, now),
     )
     names: builtins.list[str] = []
@@ -494,9 +500,9 @@ def _sweep_op(s: str, now: float, limit: int) -> _Op[int]:
     meanwhile keeps its partition.
     """
     rows = yield _Stmt(
-        f"WITH due AS (SELECT p.pkey FROM {s}.partitions AS p WHERE p.expires_at <= %s "
-        "ORDER BY p.expires_at LIMIT %s FOR UPDATE SKIP LOCKED), "
-        f"gone AS (DELETE FROM {s}.partitions AS p USING due WHERE p.pkey = due.pkey AND p.expires_at <= %s "
+        f"WITH due AS (SELECT p.pkey FROM {s}.partitions AS p WHERE p.expires_at <= %b "
+        "ORDER BY p.expires_at LIMIT %b FOR UPDATE SKIP LOCKED), "
+        f"gone AS (DELETE FROM {s}.partitions AS p USING due WHERE p.pkey = due.pkey AND p.expires_at <= %b "
         "RETURNING p.pkey), "
         f"t AS (DELETE FROM {s}.tags AS t USING gone WHERE t.pkey = gone.pkey), "
         f"r AS (DELETE FROM {s}.records AS r USING gone WHERE r.pkey = gone.pkey) "
@@ -508,8 +514,8 @@ def _sweep_op(s: str, now: float, limit: int) -> _Op[int]:
 
 def _expired_op(s: str, now: float, limit: int) -> _Op[builtins.list[ExpiredPartition]]:
     rows = yield _Stmt(
-        f"SELECT p.pkey, p.user_key, p.name, p.expires_at FROM {s}.partitions AS p WHERE p.expires_at <= %s "
-        "ORDER BY p.expires_at LIMIT %s",
+        f"SELECT p.pkey, p.user_key, p.name, p.expires_at FROM {s}.partitions AS p WHERE p.expires_at <= %b "
+        "ORDER BY p.expires_at LIMIT %b",
         (now, limit),
     )
     return [
@@ -520,40 +526,40 @@ def _expired_op(s: str, now: float, limit: int) -> _Op[builtins.list[ExpiredPart
 
 def _users_op(s: str, now: float, space: str | None) -> _Op[builtins.list[str]]:
     rows = yield _Stmt(
-        f"SELECT DISTINCT p.user_key FROM {s}.partitions AS p WHERE p.expires_at IS NULL OR p.expires_at > %s",
+        f"SELECT DISTINCT p.user_key FROM {s}.partitions AS p WHERE p.expires_at IS NULL OR p.expires_at > %b",
         (now,),
     )
     return users_of((str(r[0]) for r in rows), space)
 
 
 def _expiry_op(s: str, partition: Partition) -> _Op[float | None]:
-    rows = yield _Stmt(f"SELECT p.expires_at FROM {s}.partitions AS p WHERE p.pkey = %s", (partition.key,))
+    rows = yield _Stmt(f"SELECT p.expires_at FROM {s}.partitions AS p WHERE p.pkey = %b", (partition.key,))
     return None if not rows or rows[0][0] is None else float(rows[0][0])
 
 
 def _refresh_op(s: str, partition: Partition, now: float, ttl: float) -> _Op[None]:
     """Push a read partition's expiry back, if it is live and under half the ttl is left (one UPDATE)."""
     yield _Stmt(
-        f"UPDATE {s}.partitions AS p SET expires_at = %s WHERE p.pkey = %s AND p.expires_at > %s "
-        "AND p.expires_at < %s",
+        f"UPDATE {s}.partitions AS p SET expires_at = %b WHERE p.pkey = %b AND p.expires_at > %b "
+        "AND p.expires_at < %b",
         (now + ttl, partition.key, now, now + ttl / 2),
     )
     return None
 
 
 def _drop_op(s: str, partition: Partition) -> _Op[int]:
-    rows = yield _Stmt(f"SELECT {s}.drop_partition(%s)", (partition.key,))
+    rows = yield _Stmt(f"SELECT {s}.drop_partition(%b)", (partition.key,))
     return int(rows[0][0])
 
 
 def _migrate_op(s: str) -> _Op[int]:
     """Apply the missing migrations (run inside one transaction); returns the version found first."""
-    rows = yield _Stmt("SELECT to_regclass(%s)", (f"{s}.schema_migrations",))
+    rows = yield _Stmt("SELECT to_regclass(%b)", (f"{s}.schema_migrations",))
     if rows[0][0] is not None:
         (version,) = (yield _Stmt(f"SELECT coalesce(max(v), 0) FROM {s}.schema_migrations"))[0]
         if version == SCHEMA_VERSION:
             return int(version)
-    yield _Stmt("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"checkpointers.migrate.{s}",))
+    yield _Stmt("SELECT pg_advisory_xact_lock(hashtextextended(%b, 0))", (f"checkpointers.migrate.{s}",))
     yield _Stmt(f"CREATE SCHEMA IF NOT EXISTS {s}")
     yield _Stmt(f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
     (version,) = (yield _Stmt(f"SELECT coalesce(max(v), 0) FROM {s}.schema_migrations"))[0]
@@ -565,7 +571,7 @@ def _migrate_op(s: str) -> _Op[int]:
     for v in range(version + 1, SCHEMA_VERSION + 1):
         for statement in MIGRATIONS[v - 1]:
             yield _Stmt(statement.replace("@schema", s))
-        yield _Stmt(f"INSERT INTO {s}.schema_migrations (v) VALUES (%s)", (v,))
+        yield _Stmt(f"INSERT INTO {s}.schema_migrations (v) VALUES (%b)", (v,))
     return int(version)
 
 

@@ -793,6 +793,26 @@ Label = str | Callable[[], str]
 
 def _text(label: Label) -> str:
     return label if isinstance(label, str) else label()
+
+
+class _Lazy:
+    """A name for error messages, built the first time one needs it (``str()``, an f-string, a call).
+
+    A :data:`Label` (it is callable), and as ``subject`` of labels built from it.
+    """
+
+    __slots__ = ("_make", "_made")
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+        self._made: str | None = None
+
+    def __str__(self) -> str:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    __call__ = __str__
 #: At most this many records, and this many bytes of their values, in a :class:`VerifiedRecords`.
 _VERIFIED_SIZE = 4096
 _VERIFIED_BYTES = 16 * 1024 * 1024
@@ -800,6 +820,10 @@ _VERIFIED_BYTES = 16 * 1024 * 1024
 
 def _channel_label(channel: str, cid: str, subject: str) -> Label:
     return lambda: f"channel {channel!r} of checkpoint {cid!r} of {subject}"
+
+
+def _value_label(channel: str, subject: Callable[[], str]) -> Label:
+    return lambda: f"channel {channel!r} of {subject()}"
 
 
 class VerifiedRecords:
@@ -910,18 +934,22 @@ class CheckpointLayout:
 
     # -- encoding ---------------------------------------------------------
 
-    def _dump(self, label: str, obj: Any) -> bytes:
-        """Serialize with the saver's serde, then enforce the size cap (no I/O)."""
+    def _dump(self, label: Label, obj: Any) -> bytes:
+        """Serialize with the saver's serde, then enforce the size cap (no I/O).
+
+        ``label`` names the value in errors (a callable: built only then).
+        """
         try:
             typed = self.serde.dumps_typed(obj)
         except Exception as exc:  # RecursionError included: nesting too deep
             raise UnserializableValueError(
-                label,
+                _text(label),
                 f"{type(self.serde).__name__} cannot serialize a value of type {type(obj).__name__} "
                 f"({type(exc).__name__}: {str(exc)[:200]})",
             ) from None
-        data = _frame(typed)
-        check_size(label, len(data), self.max_item_bytes)
+        data = _MSGPACK_FRAME + typed[1] if typed[0] == "msgpack" and type(typed[1]) is bytes else _frame(typed)
+        if len(data) > self.max_item_bytes:
+            check_size(_text(label), len(data), self.max_item_bytes)
         return data
 
     def _load(self, p: Partition, label: Label, record: Record) -> Any:
@@ -1001,21 +1029,24 @@ class CheckpointLayout:
         (see :class:`ChannelPlan`).
         """
         cid = checkpoint["id"]
-        subject = f"checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+
+        def subject() -> str:  # names the checkpoint in errors only
+            return f"checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+
         values: dict[str, Any] = checkpoint.get("channel_values") or {}
         versions: dict[str, Any] = dict(checkpoint.get("channel_versions") or {})
         plan = ChannelPlan(_INLINE_MAX, _INLINE_BUDGET)
         changed, inherited = split_channels(versions, new_versions)
         for channel in changed:
             if channel in values:
-                plan.add(channel, self._dump(f"channel {channel!r} of {subject}", values[channel]))
+                plan.add(channel, self._dump(_value_label(channel, subject), values[channel]))
         if inherited:
             prior = self.parents.of(p, ns, parent) if parent else None
             if prior is None:
                 prior = yield from self._parent_record_flow(p, ns, parent)
             for channel in inherited:
                 if not plan.inherit(channel, versions[channel], prior) and channel in values:
-                    plan.add(channel, self._dump(f"channel {channel!r} of {subject}", values[channel]))
+                    plan.add(channel, self._dump(_value_label(channel, subject), values[channel]))
         payload = checkpoint_payload(ns, cid, parent, checkpoint, metadata, plan)
         record = self.integrity.put(
             p,
@@ -1029,9 +1060,11 @@ class CheckpointLayout:
             self.integrity.put(p, _blob_name(sha), data, etag=new_etag(), mode=Mode.APPEND, staged=True, sha=sha)
             for sha, data in plan.new_blobs.items()
         ]
-        labels = [f"blob {_blob_name(sha)} of {subject}" for sha in plan.new_blobs] + [subject]
         puts = [*blob_puts, record]
-        raise_conflict((yield from self.write_batch(p, puts)), puts, (), labels)
+        result = yield from self.write_batch(p, puts)
+        if result.conflict is not None:
+            labels = [f"blob {_blob_name(sha)} of {subject()}" for sha in plan.new_blobs] + [subject()]
+            raise_conflict(result, puts, (), labels)
         self.parents.written(p, ns, cid, Channels(versions, plan.blobs, plan.inline))
 
     def _parent_record_flow(self, p: Partition, ns: str, parent: str | None) -> Flow[Channels]:
@@ -1069,13 +1102,13 @@ class CheckpointLayout:
         when it comes from a task's recomputation (a ``task_path``).
         """
         task = (task_id, task_path)
-        subject = f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})"
+        subject = _Lazy(lambda: f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})")
         prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
         special, regular = split_writes(writes)
-        special_puts, special_labels = self._special_puts(p, prefix, special, task, subject) if special else ([], [])
+        special_puts = self._special_puts(p, prefix, special, task, subject) if special else []
         for _ in range(_WRITE_ATTEMPTS):
-            regular_puts, labels = self._regular_puts(p, prefix, regular, task_id, task_path, subject)
-            puts = [*regular_puts, *special_puts]
+            regular_puts, chunks = self._regular_puts(p, prefix, regular, task_id, task_path, subject)
+            puts = [*regular_puts, *special_puts] if special_puts else regular_puts
             if not puts:
                 return
             result = yield from self.write_batch(p, puts)
@@ -1083,7 +1116,9 @@ class CheckpointLayout:
             if conflict is None:
                 return
             if conflict.index >= len(regular_puts) or conflict.existing is None:
-                raise_conflict(result, puts, (), labels + special_labels)
+                labels = [f"writes {c[0][0]}..{c[-1][0]} of {subject}" for c in chunks]
+                labels += [f"write {idx} ({channel!r}) of {subject}" for idx, (channel, _) in special.items()]
+                raise_conflict(result, puts, (), labels)
             # Some of these (task, idx) are stored already: keep them, write the others.
             stored = yield from self._stored_writes_flow(p, prefix, subject)
             for idx, channel, value in regular:
@@ -1093,20 +1128,17 @@ class CheckpointLayout:
         raise ConcurrencyError(f"writes of {subject}", None)
 
     def _special_puts(
-        self, p: Partition, prefix: str, special: Mapping[int, tuple[str, Any]], task: tuple[str, str], subject: str
-    ) -> tuple[list[Put], list[str]]:
-        """One UPSERT record per special write, and their labels."""
+        self, p: Partition, prefix: str, special: Mapping[int, tuple[str, Any]], task: tuple[str, str], subject: Label
+    ) -> list[Put]:
+        """One UPSERT record per special write."""
         puts: list[Put] = []
-        labels: list[str] = []
         for idx, (channel, value) in special.items():
-            label = f"write {idx} ({channel!r}) of {subject}"
             payload = {"task_id": task[0], "task_path": task[1], "w": [[idx, channel, value]]}
-            data = self._dump(label, payload)
+            data = self._dump(f"write {idx} ({channel!r}) of {_text(subject)}", payload)
             puts.append(self.integrity.put(p, f"{prefix}{idx}", data, etag=new_etag(), mode=Mode.UPSERT))
-            labels.append(label)
-        return puts, labels
+        return puts
 
-    def _stored_writes_flow(self, p: Partition, prefix: str, subject: str) -> Flow[dict[int, tuple[str, Any]]]:
+    def _stored_writes_flow(self, p: Partition, prefix: str, subject: Label) -> Flow[dict[int, tuple[str, Any]]]:
         """The regular writes stored under ``prefix`` (one task's): idx -> (channel, value)."""
         stored: dict[int, tuple[str, Any]] = {}
         for rec in (yield from listing(p, ListQuery(prefix=prefix))):
@@ -1121,14 +1153,15 @@ class CheckpointLayout:
         regular: list[tuple[int, str, Any]],
         task_id: str,
         task_path: str,
-        subject: str,
-    ) -> tuple[list[Put], list[str]]:
+        subject: Label,
+    ) -> tuple[list[Put], list[list[tuple[int, str, Any]]]]:
+        """One APPEND record per chunk of the regular writes (see :meth:`_packed`), and the chunks."""
         puts: list[Put] = []
-        labels: list[str] = []
+        chunks: list[list[tuple[int, str, Any]]] = []
         for chunk, data in self._packed(regular, task_id, task_path, subject):
             puts.append(self.integrity.put(p, f"{prefix}{chunk[0][0]}", data, etag=new_etag(), mode=Mode.APPEND))
-            labels.append(f"writes {chunk[0][0]}..{chunk[-1][0]} of {subject}")
-        return puts, labels
+            chunks.append(chunk)
+        return puts, chunks
 
     def _check_rewrite(
         self,
@@ -1140,10 +1173,10 @@ class CheckpointLayout:
         idx: int,
         stored: tuple[str, Any],
         new: tuple[str, Any],
-        subject: str,
+        subject: Label,
     ) -> None:
         """Compare a re-written write with the stored one; report (or raise) if they differ."""
-        label = f"write {idx} of {subject}"
+        label = f"write {idx} of {_text(subject)}"
         old_digest, new_digest = digest(self._dump(label, list(stored))), digest(self._dump(label, list(new)))
         if old_digest == new_digest:
             return
@@ -1155,7 +1188,7 @@ class CheckpointLayout:
         )
 
     def _packed(
-        self, writes: list[tuple[int, str, Any]], task_id: str, task_path: str, subject: str
+        self, writes: list[tuple[int, str, Any]], task_id: str, task_path: str, subject: Label
     ) -> list[tuple[list[tuple[int, str, Any]], bytes]]:
         """``writes`` as records of at most the size cap: ``(writes, serialized record)`` each.
 
@@ -1169,7 +1202,7 @@ class CheckpointLayout:
 
         def dump(chunk: list[tuple[int, str, Any]]) -> bytes:
             payload = {"task_id": task_id, "task_path": task_path, "w": [list(w) for w in chunk]}
-            return self._dump(f"writes {chunk[0][0]}..{chunk[-1][0]} of {subject}", payload)
+            return self._dump(lambda: f"writes {chunk[0][0]}..{chunk[-1][0]} of {_text(subject)}", payload)
 
         try:
             return [(writes, dump(writes))]
@@ -1181,7 +1214,7 @@ class CheckpointLayout:
         chunks: list[list[tuple[int, str, Any]]] = []
         size = budget
         for idx, channel, value in writes:
-            alone = self._dump(f"write {idx} ({channel!r}) of {subject}", value)
+            alone = self._dump(f"write {idx} ({channel!r}) of {_text(subject)}", value)
             need = len(channel.encode("utf-8", "surrogatepass")) + len(alone) + _WRITE_OVERHEAD
             if size + need > budget:
                 chunks.append([])
@@ -1190,14 +1223,14 @@ class CheckpointLayout:
             size += need
         return [(chunk, dump(chunk)) for chunk in chunks]
 
-    def _pending(self, p: Partition, rec: Record, subject: str) -> list[tuple[str, str, int, str, Any]]:
+    def _pending(self, p: Partition, rec: Record, subject: Label) -> list[tuple[str, str, int, str, Any]]:
         """The writes of one writes record as ``(task_path, task_id, idx, channel, value)``.
 
         Reads both layouts: a packed record (``w``: ``[idx, channel, value]``
         each) and the earlier one-write record.
         """
         def label() -> str:
-            return f"write {rec.name!r} of {subject}"
+            return f"write {rec.name!r} of {_text(subject)}"
 
         payload = self._load(p, label, rec)
         try:

@@ -163,6 +163,12 @@ def _text(argument: str, value: object, default: str | None = None) -> str:
     return value
 
 
+def _ns(conf: Mapping[str, Any]) -> str:
+    """The config's checkpoint namespace (``""`` when it names none)."""
+    ns = conf.get("checkpoint_ns")
+    return ns if type(ns) is str else _text("configurable.checkpoint_ns", ns, "")
+
+
 class _Counter:
     """A count shared by a saver and its views (``copy.copy`` shares the object)."""
 
@@ -353,7 +359,11 @@ class Checkpointer(BaseCheckpointSaver[str]):
     # -- who and where ------------------------------------------------------
 
     def _user(self, config: RunnableConfig | None) -> str:
-        configured = self._conf(config).get("user_id") if config else None
+        return self._user_of(self._conf(config) if config else None)
+
+    def _user_of(self, conf: Mapping[str, Any] | None) -> str:
+        """The user a call acts for, given its config's ``configurable`` section (see the module doc)."""
+        configured = conf.get("user_id") if conf else None
         bound = self.user if self.user is not None else self._acting.get()
         if bound is not None:
             if configured is not None and configured != bound:
@@ -373,8 +383,16 @@ class Checkpointer(BaseCheckpointSaver[str]):
         return ANONYMOUS_USER
 
     def _partition(self, config: RunnableConfig | None, thread_id: object) -> Partition:
-        thread = _thread_key(thread_id)
-        user = self._user(config)
+        return self._partition_of(self._conf(config) if config else None, thread_id)
+
+    def _where(self, config: RunnableConfig | None) -> tuple[Mapping[str, Any], Partition]:
+        """The config's ``configurable`` section and its thread's partition (the config parsed once)."""
+        conf = self._conf(config)
+        return conf, self._partition_of(conf, conf.get("thread_id"))
+
+    def _partition_of(self, conf: Mapping[str, Any] | None, thread_id: object) -> Partition:
+        thread = thread_id if type(thread_id) is str else _thread_key(thread_id)
+        user = self._user_of(conf)
         # Every put, put_writes and read names the same few threads again: a
         # cached Partition keeps its encoded key, instead of percent-encoding
         # user, space and thread id into a new one each call (GIL-held CPU
@@ -392,6 +410,10 @@ class Checkpointer(BaseCheckpointSaver[str]):
         """The config's ``configurable`` section (read only: never modified)."""
         if config is None:
             return {}
+        if type(config) is dict:  # nearly every call: no ABC check
+            conf = config.get("configurable") or {}
+            if type(conf) is dict:
+                return conf
         if not isinstance(config, Mapping):
             raise InvalidArgumentError("config", f"must be a dict (a RunnableConfig), got {type(config).__name__}")
         conf = config.get("configurable") or {}
@@ -399,40 +421,29 @@ class Checkpointer(BaseCheckpointSaver[str]):
             raise InvalidArgumentError("configurable", f"must be a dict, got {type(conf).__name__}")
         return conf
 
-    def _tuple(self, found: LoadedCheckpoint, thread_id: object, config: RunnableConfig | None) -> CheckpointTuple:
-        extra: dict[str, Any] = {}
-        if config is not None and (config.get("configurable") or {}).get("user_id") is not None:
-            extra["user_id"] = config["configurable"]["user_id"]
-
-        def cfg(cid: str) -> RunnableConfig:
-            return {
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": found.ns,
-                    "checkpoint_id": cid,
-                    **extra,
-                }
-            }
-
-        return CheckpointTuple(
-            config=cfg(found.cid),
-            checkpoint=found.checkpoint,
-            metadata=found.metadata,
-            parent_config=cfg(found.parent) if found.parent else None,
-            pending_writes=found.pending_writes,
-        )
+    @staticmethod
+    def _tuple(found: LoadedCheckpoint, thread_id: object, user_id: object) -> CheckpointTuple:
+        """The tuple LangGraph gets; its configs name ``user_id`` when the caller's config did."""
+        conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": found.ns, "checkpoint_id": found.cid}
+        if user_id is not None:
+            conf["user_id"] = user_id
+        parent: RunnableConfig | None = None
+        if found.parent:
+            of_parent = conf.copy()
+            of_parent["checkpoint_id"] = found.parent
+            parent = {"configurable": of_parent}
+        return CheckpointTuple({"configurable": conf}, found.checkpoint, found.metadata, parent, found.pending_writes)
 
     # -- flows per public call (built once, driven sync or async) ---------------
 
     def _get_tuple_flow(self, config: RunnableConfig) -> Flow[CheckpointTuple | None]:
-        conf = self._conf(config)
-        p = self._partition(config, conf.get("thread_id"))
-        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        conf, p = self._where(config)
+        ns = _ns(conf)
         cid = conf.get("checkpoint_id")
-        if cid is not None:
+        if cid is not None and type(cid) is not str:
             cid = _text("configurable.checkpoint_id", cid)
         found = yield from self.layout.get_flow(p, ns, cid)
-        return None if found is None else self._tuple(found, conf["thread_id"], config)
+        return None if found is None else self._tuple(found, conf["thread_id"], conf.get("user_id"))
 
     def _list_flow(
         self,
@@ -442,9 +453,9 @@ class Checkpointer(BaseCheckpointSaver[str]):
         limit: int | None,
     ) -> Flow[list[CheckpointTuple]]:
         conf = self._conf(config)
-        user = self._user(config)
+        user = self._user_of(conf)
         thread_id = conf.get("thread_id")
-        parts = None if thread_id is None else [self._partition(config, thread_id)]
+        parts = None if thread_id is None else [self._partition_of(conf, thread_id)]
         before_id = self._conf(before).get("checkpoint_id") if before else None
         if before_id is not None:
             before_id = _text("before.configurable.checkpoint_id", before_id)
@@ -459,7 +470,8 @@ class Checkpointer(BaseCheckpointSaver[str]):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise InvalidArgumentError("limit", f"must be None or an int, got {limit!r}")
         found = yield from self.layout.list_flow(parts, user, ns, cid, filter, before_id, limit)
-        return [self._tuple(f, f.thread if thread_id is None else thread_id, config) for f in found]
+        user_id = conf.get("user_id")
+        return [self._tuple(f, f.thread if thread_id is None else thread_id, user_id) for f in found]
 
     def _put_flow(
         self,
@@ -468,15 +480,15 @@ class Checkpointer(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> Flow[RunnableConfig]:
-        conf = self._conf(config)
-        p = self._partition(config, conf.get("thread_id"))
-        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        conf, p = self._where(config)
+        ns = _ns(conf)
         parent = conf.get("checkpoint_id")
-        if parent is not None:
+        if parent is not None and type(parent) is not str:
             parent = _text("configurable.checkpoint_id", parent)
-        if not isinstance(checkpoint, Mapping):
+        if type(checkpoint) is not dict and not isinstance(checkpoint, Mapping):
             raise InvalidArgumentError("checkpoint", f"must be a dict, got {type(checkpoint).__name__}")
-        _text("checkpoint['id']", checkpoint.get("id"))
+        if type(checkpoint.get("id")) is not str:
+            _text("checkpoint['id']", checkpoint.get("id"))
         merged = get_checkpoint_metadata(config, metadata)
         yield from self.layout.put_flow(p, ns, parent, checkpoint, merged, new_versions)
         out: dict[str, Any] = {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
@@ -487,9 +499,8 @@ class Checkpointer(BaseCheckpointSaver[str]):
     def _put_writes_flow(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> Flow[None]:
-        conf = self._conf(config)
-        p = self._partition(config, conf.get("thread_id"))
-        ns = _text("configurable.checkpoint_ns", conf.get("checkpoint_ns"), "")
+        conf, p = self._where(config)
+        ns = _ns(conf)
         cid = conf.get("checkpoint_id")
         if cid is None:
             raise InvalidArgumentError(

@@ -1211,6 +1211,35 @@ def test_whole_partition_seq_index_of_the_previous_format_goes_at_the_next_write
     assert c.zrangebylex(x, "[|", "(}") == []
 
 
+def test_second_level_seq_index_of_the_previous_layout_goes_at_the_first_write(each_redis: RedisBackend) -> None:
+    """Records written when two ancestor levels were indexed also have a member
+    under their second one ("c/_ns/|<seq16>|<name>"): a seq-order read under that
+    prefix never reads them (it walks "c/", or sorts), and the first write a
+    backend sends to the partition removes them all; a record written now has
+    one member, under "c/"."""
+    b = each_redis
+    p = Partition("old", "items", "a2-" + uuid.uuid4().hex[:8])
+    names = [f"c/_ns{i % 2}/_{i:04d}" for i in range(12)]
+    assert b.write(p, [make_put(n, f"v{i}".encode()) for i, n in enumerate(names)]).conflict is None
+    c, x = raw_client(b), b.keys_of(p)[2]
+    stored = b.list(p, ListQuery())
+    assert sorted(c.zrange(x, 0, -1)) == sorted(f"c/|{r.seq:016d}|{r.name}".encode() for r in stored)
+    c.zadd(x, {f"{r.name[:7]}|{r.seq:016d}|{r.name}": 0 for r in stored})  # as the previous code did
+    c.zadd(x, {"c/_ns0/|0000000000000099|c/_ns1/_0001": 0})  # a stray one (damage): never read any more
+    ns0 = [n for n in names if n.startswith("c/_ns0/")]
+    assert [r.name for r in b.list(p, ListQuery(prefix="c/_ns0/", order="seq", descending=True, limit=2))] == ns0[
+        :-3:-1]
+    assert [r.name for r in b.list(p, ListQuery(prefix="c/_ns0/", order="seq"))] == ns0
+    assert [r.name for r in b.list(p, ListQuery(prefix="c/", order="seq", descending=True, limit=1))] == names[-1:]
+    assert b.write(p, [make_put("c/_ns0/_0012", b"v")]).conflict is None  # this backend has seen p: no sweep
+    assert c.zlexcount(x, "[c/", "(c/|") == 13
+    b._filled.clear()  # as a backend that never wrote there (another process, a restart)
+    assert b.write(p, [make_put("c/_ns1/_0013", b"v")], [Delete(names[0])]).conflict is None
+    assert c.zrangebylex(x, "[c/", "(c/|") == []
+    assert c.zcard(x) == len(names) + 1  # 12 - 1 deleted + 2 written, each under "c/" alone
+    assert [r.name for r in b.list(p, ListQuery(prefix="c/_ns0/", order="seq"))] == [*ns0[1:], "c/_ns0/_0012"]
+
+
 def test_an_unchanged_if_match_re_put_is_checked_not_rewritten(each_redis: RedisBackend) -> None:
     """A re-put under its own etag with the stored digest and tags (a lease guard)
     keeps the stored record: same seq, no new seq assigned, nothing rewritten;

@@ -28,7 +28,7 @@ import builtins
 import functools
 import json
 import zlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Generic, TypeVar
@@ -69,8 +69,15 @@ from .ops import DropOp, GetOp, ListOp, PartitionsOp, WriteOp, arun, run
 
 __all__ = ["DRIVER_ERRORS", "RedisBackend", "TRANSIENT_ERRORS", "is_transient", "translate_errors"]
 
-#: How many ``/``-terminated ancestors of a name get their own seq index.
-ANCESTOR_DEPTH = 2
+#: How many ``/``-terminated ancestors of a name get their own seq index: one
+#: (``c/`` for ``c/_ns/...``). A seq-order query under a deeper prefix walks that
+#: index, skipping the names outside the prefix, or reads the names under the
+#: prefix and sorts them, whichever the counts say is cheaper; no face of the
+#: package asks for one (a checkpoint listing is in name order), and each
+#: level costs every record one member (~170 bytes at rest) and every write
+#: one more ``ZADD`` argument. Members of the second level that records written
+#: before still have are never read: :func:`_legacy_sweep` removes them.
+ANCESTOR_DEPTH = 1
 _SEQ_DIGITS = 16
 #: How many partitions a backend remembers having filled (then it starts over).
 _FILLED_MAX = 10_000
@@ -180,6 +187,17 @@ def _tag_pairs(tags: Any) -> list[str]:
 @functools.lru_cache(maxsize=4096)
 def _tag_pair(key: str, value: str) -> str:
     return f"{encode_component(key)}={encode_component(value)}"
+
+
+def _legacy_sweep(x_key: str, names: Iterable[str]) -> list[Command]:
+    """The commands removing the seq index members of a second ancestor level
+    (``c/_ns/|<seq16>|<name>``, written before :data:`ANCESTOR_DEPTH` was 1)
+    under the first-level ancestors of ``names``: ``[A/`` .. ``(A/|`` holds
+    exactly the members under ``A/`` but not of ``A/`` itself (a name byte
+    after ``A/`` sorts below ``|``: encoded components are ``[A-Za-z0-9_%-]``);
+    an ancestor with nothing left costs one lookup."""
+    families = {a for name in names for a in _ancestors(name)}
+    return [("ZREMRANGEBYLEX", x_key, f"[{a}", f"({a}|") for a in sorted(families)]
 
 
 def _pad(seq: int) -> str:
@@ -681,8 +699,11 @@ class RedisBackend(Backend):
         # standalone server the registration that must follow the script (see
         # the module docstring) rides in the same pipeline, after it, instead
         # of costing its own round trip when the script reports was_empty.
-        after = not self.cluster and partition.key not in self._filled
+        first = partition.key not in self._filled
+        after = first and not self.cluster
         tail = [("HSET", registry, partition.key, raw_name)] if after else []
+        if first:  # the first write this backend sends there: index members of the previous layout go
+            commands += _legacy_sweep(keys[2], [*(p.name for p in puts), *(d.name for d in deletes)])
         args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
         reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
         out = reply.values[-1 - len(tail)]  # the script's reply

@@ -431,6 +431,58 @@ def test_a_read_never_sees_a_delete_without_the_rest_of_its_batch(protocol: type
     assert (a.value, b is None) in ((b"new", True), (b"old", False)), f"part of the batch: {short(got)}"
 
 
+def _read_across_a_batch_of_this_process(protocol: type[Batches], order: str, touched: str) -> tuple[int, Any]:
+    """Read ``order`` in a process that, just before the read's GET of "l", commits {upsert l, upsert ``touched``}.
+
+    The read meets the batch's marker on "l" and finds it GONE (this same
+    process committed it after the read began). Returns how many times "l"
+    was read and what the read returned.
+    """
+    store, world = FakeStore(), World()
+    process = batches(store, world, protocol)
+    process.write(KEYS, [make_put(n, "old", Mode.UPSERT) for n in "lkm"], [], [1, 2, 3], reseq)  # all marked
+    gets: list[Call] = []  # the read's GETs of "l" (not the batch's own)
+    writing = threading.Event()
+
+    def gate(call: Call) -> Action:
+        if call.kind == "get" and call.key == KEYS.record("l") and not writing.is_set():
+            gets.append(call)
+            if len(gets) == 1:
+                writing.set()
+                puts = [make_put("l", "new", Mode.UPSERT), make_put(touched, "new", Mode.UPSERT)]
+                process.write(KEYS, puts, [], [10, 11], reseq)
+                writing.clear()
+        return Action.GO
+
+    store.gate = gate
+    got = visible_state(process, list(order))
+    return len(gets), got
+
+
+def test_a_read_that_met_a_known_batch_whole_is_not_repeated(protocol: type[Batches]) -> None:
+    """Readers under a stream of one process's batches are not starved (the five-writers-under-one-lease gap).
+
+    Every fenced batch re-puts the lease record with its marker, so a
+    batch's pre-read of {lease record, its own names} met the marker of the
+    batch fenced just before it, found it GONE, and repeated, again and
+    again, until ``read_timeout`` (``test_leases.py``,
+    ``test_concurrent_writes_of_one_holder_do_not_fail``). The batch here
+    changes "l" and "m"; the read of "l" and "k" met it whole (on "l",
+    carrying its marker), so it is not repeated: "l" is read once (every
+    record read carries a marker: no second collect).
+    """
+    reads, got = _read_across_a_batch_of_this_process(protocol, "lk", touched="m")
+    assert short(got) == {"l": "new-l", "k": "old-k"}
+    assert reads == 1, f'"l" read {reads} times: the read was repeated'
+
+
+def test_a_read_that_met_a_known_batch_half_is_repeated(protocol: type[Batches]) -> None:
+    """The same batch changing "k" too, which the read GET before the batch: it is repeated, never half of it."""
+    reads, got = _read_across_a_batch_of_this_process(protocol, "kl", touched="k")
+    assert short(got) == {"k": "new-k", "l": "new-l"}, f"part of the batch: {short(got)}"
+    assert reads >= 2
+
+
 def test_a_read_never_mixes_a_batch_with_a_later_record_written_alone(protocol: type[Batches]) -> None:
     """A record written alone (no marker) over one of a batch that committed under a read: the read is repeated.
 
@@ -1148,9 +1200,16 @@ class _ReadWithoutSecondCollect(Batches):
 class _ReadNotRepeatedAfterRollForward(Batches):
     """A multi-record read that rolled a batch forward returns what it read before, half of that batch."""
 
-    def _settle_met(self, keys: Any, objs: Any, hidden: frozenset[str], started: float, multi: bool) -> Any:
-        met = super()._settle_met(keys, objs, hidden, started, multi)
+    def _settle_met(self, keys: Any, objs: Any, hidden: frozenset[str], started: float, multi: bool, scope: Any) -> Any:
+        met = super()._settle_met(keys, objs, hidden, started, multi, scope)
         return type(met)(met.hide, bool(met.hide), False)
+
+
+class _KnownBatchAlwaysMetWhole(Batches):
+    """A multi-record read takes every batch whose names it knows as read whole, even one it read half of."""
+
+    def _met_whole(self, tx: str, objs: Any, scope: Any) -> bool:
+        return True
 
 
 class _SweepDropsLiveTombstones(Batches):
@@ -1229,6 +1288,8 @@ CAUGHT_BY_A_TARGETED_TEST = [
                  id="commit-ignores-the-manifest"),
     pytest.param(_FenceAppliedWithTheRest, test_a_batch_whose_etag_condition_fails_after_its_pre_read_commits_nothing,
                  id="fence-applied-with-the-rest"),
+    pytest.param(_KnownBatchAlwaysMetWhole, test_a_read_that_met_a_known_batch_half_is_repeated,
+                 id="known-batch-always-met-whole"),
 ]
 
 

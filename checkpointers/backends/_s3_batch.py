@@ -36,7 +36,11 @@ forward. Then the operations are applied in parallel, each conditioned on
 that ETag; deletes land as tombstones. Deleting the manifest COMMITS; the tombstones
 are then removed. A reader that meets the marker of a batch it has not seen
 complete rolls it forward (same operations, same conditions, idempotent) and
-reads again. A LOGGED batch that no record refers to (a crash before its
+reads again, unless it read given names and met every one of the batch's
+records among them carrying its marker, the batch's names being known to
+its process (it wrote the batch or read its manifest: see
+:meth:`Batches.consistent`; a hot record every batch re-puts, a lease
+record, no longer starves the reads of its writers). A LOGGED batch that no record refers to (a crash before its
 first operation landed) is not visible; recovery deletes it once older than
 ``lease`` (ABORTED).
 
@@ -126,6 +130,9 @@ R = TypeVar("R")
 
 OPTIMISTIC_MODES = (Mode.APPEND, Mode.CREATE)  # UPSERTs usually replace: the redo log
 _DONE_CACHE = 100_000
+#: How many redo-log batches' record names a process keeps (see :meth:`Batches.consistent`): only needed
+#: while a read that began before the batch completed can still meet its marker.
+_NAMES_CACHE = 4096
 
 
 # -- states ------------------------------------------------------------------------
@@ -404,6 +411,7 @@ class Batches:
         self._trace = trace
         self._lock = threading.Lock()
         self._done: OrderedDict[str, float] = OrderedDict()  # tx id -> when seen complete
+        self._names: OrderedDict[str, frozenset[str]] = OrderedDict()  # redo-log tx id -> the names it changes
 
     def _batch(self, tx: str, state: BatchState = BatchState.NEW) -> Batch:
         return Batch(tx, state, self._trace)
@@ -433,7 +441,8 @@ class Batches:
             traceless = any(o is None or o.tx is None or o.record is None for o in objs)
             return not traceless or self.unchanged(keys, names, objs)
 
-        return self.consistent(keys, attempt, len(names) > 1, unchanged if len(names) > 1 else None)
+        multi = len(names) > 1
+        return self.consistent(keys, attempt, multi, unchanged if multi else None, frozenset(names) if multi else None)
 
     def unchanged(self, keys: Keys, names: Sequence[str], objs: Sequence[Obj | None]) -> bool:
         """Whether every object of ``names`` is still the one read (same S3 ETag, or still absent).
@@ -462,6 +471,7 @@ class Batches:
         attempt: Callable[[frozenset[str]], tuple[T, list[Obj]]],
         multi: bool,
         unchanged: Callable[[T], bool] | None = None,
+        scope: frozenset[str] | None = None,
     ) -> T:
         """Run a read; settle every batch marker it met that is not known complete.
 
@@ -469,15 +479,30 @@ class Batches:
         must treat records of the batches in ``hidden`` as absent. A LOGGED
         batch is rolled forward, and a read that met several objects
         (``multi``) is then repeated, so it never mixes the before- and
-        after-states of one batch. An OPEN batch means "not committed": the
-        read is repeated with it hidden. A batch found GONE is also read
-        again when the marker was optimistic: its records were proven
-        committed only if they are still there after the manifest was seen
-        gone (an abort deletes the records before the manifest). Under a
-        stream of batches the repeats back off, then raise
-        :class:`BackendUnavailableError` rather than return a mixed state.
-        ``unchanged(result)``, when given, is asked last: False (what was
-        read changed under the read, see :meth:`unchanged`) repeats it too.
+        after-states of one batch; so is a multi read that met a redo-log
+        batch already GONE (committed), which it may have met half-applied.
+        An OPEN batch means "not committed": the read is repeated with it
+        hidden. A batch found GONE is also read again when the marker was
+        optimistic: its records were proven committed only if they are
+        still there after the manifest was seen gone (an abort deletes the
+        records before the manifest). Under a stream of batches the repeats
+        back off, then raise :class:`BackendUnavailableError` rather than
+        return a mixed state. ``unchanged(result)``, when given, is asked
+        last: False (what was read changed under the read, see
+        :meth:`unchanged`) repeats it too.
+
+        ``scope``: every name the read covers (a read of given names; None
+        for a listing, whose range the protocol does not know). A redo-log
+        batch rolled forward or found GONE whose record names this process
+        knows (it logged the batch, or read its manifest) needs no repeat
+        when the read met every one of them within ``scope`` in the batch's
+        state (carrying its marker): no record of it was read in its old
+        state. Without that, writers under one lease starved each other's
+        reads: every fenced batch re-puts the lease record with its marker,
+        so each attempt of a batch's pre-read met the marker of the batch
+        that fenced just before, found it GONE, and repeated, until
+        ``read_timeout`` (the batch changed only the lease record and its
+        own names, none of which the read had read in the old state).
         """
         deadline = self._clock.monotonic() + self.read_timeout
         pause = 0.001
@@ -485,7 +510,7 @@ class Batches:
         while True:
             started = self._clock.monotonic()
             result, objs = attempt(hidden)
-            met = self._settle_met(keys, objs, hidden, started, multi)
+            met = self._settle_met(keys, objs, hidden, started, multi, scope)
             if not met.again and (unchanged is None or unchanged(result)):
                 return result
             met = met if met.again else _Met(again=True, rolled=True)  # changed under the read: pause, repeat
@@ -499,8 +524,21 @@ class Batches:
                 self._clock.sleep(pause * (0.5 + _JITTER.random()))
                 pause = min(pause * 2, _MAX_PAUSE)
 
-    def _settle_met(self, keys: Keys, objs: list[Obj], hidden: frozenset[str], started: float, multi: bool) -> _Met:
-        """Settle the batches whose markers ``objs`` carry (those not hidden nor seen complete since ``started``)."""
+    def _settle_met(
+        self,
+        keys: Keys,
+        objs: list[Obj],
+        hidden: frozenset[str],
+        started: float,
+        multi: bool,
+        scope: frozenset[str] | None = None,
+    ) -> _Met:
+        """Settle the batches whose markers ``objs`` carry (those not hidden nor seen complete since ``started``).
+
+        A multi read repeats after a redo-log batch it met committed (rolled
+        forward now, or GONE) unless it read that batch whole (see
+        :meth:`_met_whole`); an optimistic batch found GONE is always re-read.
+        """
         pending = {
             (o.tx, o.optimistic) for o in objs if o.tx and o.tx not in hidden and not self._done_before(o.tx, started)
         }
@@ -508,15 +546,40 @@ class Batches:
         again = rolled = False
         for tx, optimistic in pending:
             state = self._settle_marked(keys, tx, objs)
-            if state is BatchState.COMMITTED:  # rolled forward now
-                rolled = rolled or multi
-                again = again or multi
-            elif state is BatchState.GONE:  # a multi read may have met it half-applied; an optimistic one is re-read
-                again = again or multi or optimistic
+            if state is BatchState.GONE and optimistic:  # its records are proven committed only when read again
+                again = True
+            elif state in (BatchState.COMMITTED, BatchState.GONE):  # a multi read may have met it half-applied
+                if multi and not self._met_whole(tx, objs, scope):
+                    again = True
+                    rolled = rolled or state is BatchState.COMMITTED
             else:  # OPEN, ABORTING, ABORTED: not committed
                 hide.add(tx)
                 again = True
         return _Met(frozenset(hide), again, rolled)
+
+    def _met_whole(self, tx: str, objs: Sequence[Obj], scope: frozenset[str] | None) -> bool:
+        """Whether a read over ``scope`` met every record of committed redo-log batch ``tx`` in its state.
+
+        True only when the batch's names are known here and each one in
+        ``scope`` was read carrying the batch's marker (its record or
+        tombstone, or a record written alone after it, which inherits the
+        marker). An absence or another marker at one of them may be that
+        name's state from before the batch: False, and the read repeats.
+        """
+        with self._lock:
+            names = self._names.get(tx)
+        if names is None or scope is None:
+            return False
+        marked = {o.name for o in objs if o.tx == tx}
+        return all(name in marked for name in names & scope)
+
+    def _know_names(self, tx: str, ops: Sequence[Op]) -> None:
+        """Keep the names redo-log batch ``tx`` changes (its writer, or a reader of its manifest)."""
+        with self._lock:
+            self._names[tx] = frozenset(op.name for op in ops)
+            self._names.move_to_end(tx)
+            while len(self._names) > _NAMES_CACHE:
+                self._names.popitem(last=False)
 
     def _settle_marked(self, keys: Keys, tx: str, objs: list[Obj]) -> BatchState:
         """:meth:`settle`, a damaged manifest reported as the record carrying its marker."""
@@ -551,6 +614,7 @@ class Batches:
                 self._abort(keys, batch, manifest.names, got.etag)  # a damaged record left: recover reports it
             return batch.state
         batch.to(BatchState.LOGGED)
+        self._know_names(tx, manifest.ops)
         self._apply(keys, batch, manifest.ops)
         return batch.state
 
@@ -776,6 +840,7 @@ class Batches:
         """Store the redo-log manifest (NEW -> LOGGED)."""
         manifest = redo_manifest(ops)
         key = keys.manifest(batch.tx)
+        self._know_names(batch.tx, ops)  # before any record can carry its marker
         if self.store.put_if(key, manifest, absent=True) is None:
             got = self.store.get(key)  # 412 on a retry: did ours land?
             if got is None or got.body != manifest:

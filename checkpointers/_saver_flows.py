@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -412,6 +413,15 @@ class Channels(NamedTuple):
     blobs: Mapping[str, str]
     inline: Mapping[str, bytes]
 
+
+#: The sort key of a super-step's writes, each ``(task_path, task_id, idx, channel, value)``:
+#: LangGraph's ``writes_sort_key``, which is ``(task_path, task_id, idx)``, as one C call
+#: per write (should a later LangGraph key them otherwise, its function is called).
+_WRITES_ORDER: Callable[[tuple[Any, ...]], Any] = (
+    operator.itemgetter(0, 1, 2)
+    if writes_sort_key("p", "t", 1) == ("p", "t", 1)
+    else lambda w: writes_sort_key(w[0], w[1], w[2])
+)
 
 #: Frame headers (length byte + type name) by serializer type name.
 _HEADERS: dict[str, bytes] = {}
@@ -818,8 +828,8 @@ _VERIFIED_SIZE = 4096
 _VERIFIED_BYTES = 16 * 1024 * 1024
 
 
-def _channel_label(channel: str, cid: str, subject: str) -> Label:
-    return lambda: f"channel {channel!r} of checkpoint {cid!r} of {subject}"
+def _channel_label(channel: str, cid: str, subject: Label) -> Label:
+    return lambda: f"channel {channel!r} of checkpoint {cid!r} of {_text(subject)}"
 
 
 def _value_label(channel: str, subject: Callable[[], str]) -> Label:
@@ -963,7 +973,7 @@ class CheckpointLayout:
     def _loads(self, label: Label, data: bytes) -> Any:
         """Deserialize framed bytes (already verified); any failure is CorruptItemError."""
         try:
-            if self._msgpack is not None and data[:8] == _MSGPACK_FRAME:  # nearly every record
+            if self._msgpack is not None and data.startswith(_MSGPACK_FRAME):  # nearly every record
                 return self._msgpack(data[8:])
             return self.serde.loads_typed(_unframe(data))
         except DisallowedTypeError as exc:
@@ -973,7 +983,7 @@ class CheckpointLayout:
         except Exception as exc:
             raise CorruptItemError(_text(label), f"cannot be decoded ({type(exc).__name__}: {exc})") from exc
 
-    def _inline_values(self, s: CheckpointRecord, subject: str) -> dict[str, Any]:
+    def _inline_values(self, s: CheckpointRecord, subject: Label) -> dict[str, Any]:
         """The channel values kept inside checkpoint ``s``: one decoding call for all when they are msgpack.
 
         Any failure decodes them one by one again, so the error names its channel.
@@ -981,7 +991,7 @@ class CheckpointLayout:
         inline = s.inline
         many = self._many
         if many is not None:
-            bodies = [data[8:] for data in inline.values() if data[:8] == _MSGPACK_FRAME]
+            bodies = [data[8:] for data in inline.values() if data.startswith(_MSGPACK_FRAME)]
             if len(bodies) == len(inline):
                 try:
                     return dict(zip(inline, many(bodies), strict=True))
@@ -1261,7 +1271,7 @@ class CheckpointLayout:
         s = self._decode_checkpoint(p, rec)
         kids = recs[1:]  # one pick (limit=1): the rest are its children, its writes
         if not s.blobs and s.format >= _CHILD_WRITES:  # everything is read already
-            return self._assemble(p, s, {}, kids, f"thread {p.name!r}")
+            return self._assemble(p, s, {}, kids, _Lazy(lambda: f"thread {p.name!r}"))
         loaded = yield from self._load_flow(p, [s], {rec.name: kids})
         return loaded[0]
 
@@ -1308,7 +1318,7 @@ class CheckpointLayout:
         s: CheckpointRecord,
         values: Mapping[str, Any],
         writes: Sequence[Record],
-        subject: str,
+        subject: Label,
     ) -> LoadedCheckpoint:
         """The checkpoint ``s`` with its channel values (blob ``values`` by digest) and pending ``writes``.
 
@@ -1317,7 +1327,7 @@ class CheckpointLayout:
         pending: list[PendingWrite] = []
         if writes:
             found = [w for rec in writes for w in self._pending(p, rec, subject)]
-            found.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
+            found.sort(key=_WRITES_ORDER)
             pending = [(w[1], w[3], w[4]) for w in found]
         channel_values = {ch: values[d] for ch, d in s.blobs.items()} if s.blobs else {}
         if s.inline:

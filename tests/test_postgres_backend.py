@@ -61,6 +61,19 @@ def _outputs(procs: list[subprocess.Popen[str]]) -> list[Any]:
     return out
 
 
+def schema_at(postgres_url: str, schema: str, version: int) -> None:
+    """Create ``schema`` as the first ``version`` migrations leave it (an older release's database)."""
+    from checkpointers.backends.postgres import MIGRATIONS
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
+        for statement in [s for m in MIGRATIONS[:version] for s in m]:
+            conn.execute(statement.replace("@schema", schema))
+        versions = [(v,) for v in range(1, version + 1)]
+        conn.cursor().executemany(f"INSERT INTO {schema}.schema_migrations (v) VALUES (%s)", versions)
+
+
 # -- migrations ------------------------------------------------------------------------
 
 _MIGRATE = """
@@ -501,17 +514,11 @@ def test_drop_in_for_async_postgres_saver(postgres_schema_url: str, reference_ur
 def test_a_version_1_schema_gains_expiries_and_keeps_its_partitions_forever(postgres_url: str) -> None:
     """Retention's migration (2) adds ``partitions.expires_at`` and a new ``write_batch``: rows written by
     version 1 (through its own ``write_batch``) are NULL and never expire; writes with a ttl set one."""
-    from checkpointers.backends.postgres import MIGRATIONS
-
     schema = f"cpm_{uuid.uuid4().hex[:10]}"
     p = Partition("u", "items", "old")
     try:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 1, one record written by it
-            conn.execute(f"CREATE SCHEMA {schema}")
-            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
-            for statement in MIGRATIONS[0]:
-                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
-            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1)")
+        schema_at(postgres_url, schema, 1)  # version 1, one record written by it
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(
                 f"SELECT * FROM {schema}.write_batch(%s, %s, %s, ARRAY['a'], ARRAY['u'], ARRAY[NULL], ARRAY['e'], "
                 "ARRAY['d'], ARRAY['d'], ARRAY['{}'], ARRAY['\\x01'::bytea], ARRAY[0], '{}', '{}', '{}', '{}')",
@@ -678,17 +685,10 @@ def test_an_unchanged_if_match_reput_is_checked_not_rewritten(
 
 
 def test_a_version_2_schema_migrates_to_the_cheaper_write_batch(postgres_url: str) -> None:
-    from checkpointers.backends.postgres import MIGRATIONS
-
     schema = f"cpm_{uuid.uuid4().hex[:10]}"
     p = Partition("u", "items", "v2")
     try:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 2, written by its write_batch
-            conn.execute(f"CREATE SCHEMA {schema}")
-            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
-            for statement in MIGRATIONS[0] + MIGRATIONS[1]:
-                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
-            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1), (2)")
+        schema_at(postgres_url, schema, 2)  # version 2, written by its write_batch
         with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
             b._ready = True  # write through version 2's function first
             (old,) = b.write(p, [make_put("a", b"1", tags={"t": "1"})]).records
@@ -778,21 +778,14 @@ def test_appends_and_creates_are_inserted_and_a_refused_batch_leaves_none_of_the
 
 
 def test_a_version_3_schema_migrates_to_the_inserting_write_batch(postgres_url: str) -> None:
-    from checkpointers.backends.postgres import MIGRATIONS
-
     schema = f"cpm_{uuid.uuid4().hex[:10]}"
     p = Partition("u", "items", "v3")
     try:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:  # version 3
-            conn.execute(f"CREATE SCHEMA {schema}")
-            conn.execute(f"CREATE TABLE {schema}.schema_migrations (v int PRIMARY KEY, at timestamptz DEFAULT now())")
-            for statement in MIGRATIONS[0] + MIGRATIONS[1] + MIGRATIONS[2]:
-                conn.execute(statement.replace("@schema", schema))  # type: ignore[arg-type]
-            conn.execute(f"INSERT INTO {schema}.schema_migrations (v) VALUES (1), (2), (3)")
+        schema_at(postgres_url, schema, 3)  # version 3
         with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
             b._ready = True  # write through version 3's function first
             old = b.write(p, [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND), make_put("c", b"2")]).records
-            assert b.migrate() == 3 and b.migrate() == SCHEMA_VERSION == 4
+            assert b.migrate() == 3 and b.migrate() == SCHEMA_VERSION
             assert b.get(p, ["a", "c"]) == old
             assert b.write(p, [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND)]).records == old[:1]
             refused = b.write(p, [make_put("n", b"3", mode=Mode.APPEND), make_put("c", b"4", mode=Mode.CREATE)])

@@ -23,7 +23,7 @@ Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
     its limit; it never reads another partition's tags.
 ``partitions(pkey, user_key, name)``
     one row per non-empty partition: its raw name (``Partition.key`` may be a
-    hash) and the **write lock** of the partition.
+    hash) and its expiry.
 ``seq`` (a sequence), ``schema_migrations(v)``.
 
 The schema is created and migrated by the backend itself, on first use or by
@@ -36,13 +36,20 @@ Writes
 ------
 
 A batch is one call of the SQL function ``write_batch`` (one statement, one
-transaction, one round trip). It locks the partition's ``partitions`` row
-(``SELECT ... FOR UPDATE``, inserting it for the first put), so writers of
-one partition queue there; it then checks every condition (create: absent;
-append: absent, or same content digest -> no-op; if_match: the stored etag;
-delete if_match) against the rows as committed, and only then writes. A
-conflict writes nothing. Seqs are drawn from one sequence while the lock is
-held, so they grow strictly within a partition, also across a drop.
+transaction, one round trip). It first takes the partition's **write lock**,
+a transaction-scoped advisory lock (``pg_advisory_xact_lock`` on a hash of
+the schema and the partition key, released at commit: nothing held across
+transactions, so PgBouncer's transaction mode is fine), so writers of one
+partition queue there and each sees the last one's commit. It then checks
+every condition (create: absent; append: absent, or same content digest ->
+no-op; if_match: the stored etag; delete if_match) against the rows as
+committed, and only then writes. A refused batch leaves nothing written; a
+batch whose puts are all kept (a lease guard, an append of the same content)
+writes nothing at all: it takes no transaction id and no WAL, so its commit
+waits for no flush. A partition that can expire also has its ``partitions`` row
+locked (``FOR UPDATE``) while it is written, so a sweep (``FOR UPDATE SKIP
+LOCKED``) skips it. Seqs are drawn from one sequence while the lock is held,
+so they grow strictly within a partition, also across a drop.
 
 Reads, pipelines, PgBouncer
 ---------------------------

@@ -509,3 +509,171 @@ BEGIN
     END IF;
 END
 $fn$
+;;
+-- migration 5: the partition lock is a transaction-scoped advisory lock
+-- (pg_advisory_xact_lock on a hash of the schema and the partition key)
+-- instead of a FOR UPDATE lock on the partitions row. A row lock writes WAL
+-- and gives the transaction an id, so a batch that writes nothing (a lease
+-- guard kept, an append of the same content: every put st = 2) committed
+-- with a WAL flush; now it writes no WAL at all, and the partitions row is
+-- not touched by every write. Writers of one partition still queue, on the
+-- advisory lock, and each statement after it sees the previous writer's
+-- commit. A partition that can expire (expires_at set) has its row locked
+-- too, as before, so the sweep (FOR UPDATE SKIP LOCKED) still skips a
+-- partition being written, also when a previous release sweeps. Otherwise
+-- write_batch is migration 4's: same arguments and results (CREATE OR
+-- REPLACE), so a running previous release keeps working. drop_partition
+-- takes the same advisory lock.
+CREATE OR REPLACE FUNCTION @schema.write_batch(
+    p_pkey text, p_user_key text, p_name bytea, p_now double precision, p_deadline double precision,
+    n text[], m text[], im text[], et text[], dg text[], cd text[], tg text[], vl bytea[], tc int[],
+    tk text[], tv text[], dn text[], di text[]
+) RETURNS TABLE (st int, i int, name text, seq bigint, etag text, digest text, tags text, value bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    np int := coalesce(array_length(n, 1), 0);
+    nd int := coalesce(array_length(dn, 1), 0);
+    hit boolean[] := array_fill(false, ARRAY[np + 1]);
+    keep boolean[] := array_fill(false, ARRAY[np + 1]);
+    done boolean[] := array_fill(false, ARRAY[np + 1]);
+    tagged boolean[] := array_fill(false, ARRAY[np + 1]);
+    kseq bigint[] := array_fill(NULL::bigint, ARRAY[np + 1]);
+    ketag text[] := array_fill(NULL::text, ARRAY[np + 1]);
+    kdigest text[] := array_fill(NULL::text, ARRAY[np + 1]);
+    ktags text[] := array_fill(NULL::text, ARRAY[np + 1]);
+    kval bytea[] := array_fill(NULL::bytea, ARRAY[np + 1]);
+    added text[] := ARRAY[]::text[];
+    bad int := 0;
+    cur_etag text;
+    cur_digest text;
+    cur_tags text;
+    cur_seq bigint;
+    cur_value bytea;
+    s bigint;
+    off int := 0;
+    cur_exp double precision;
+    held boolean := false;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('@schema.' || p_pkey, 0));
+    LOOP
+        SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        held := FOUND;
+        IF held AND cur_exp IS NOT NULL THEN  -- it can expire: its row is locked too, so that a sweep skips it
+            SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
+            held := FOUND;  -- a sweep that held the row first deleted it: a new partition
+        END IF;
+        EXIT WHEN held OR np = 0;
+        INSERT INTO @schema.partitions AS p (pkey, user_key, name, expires_at)
+            VALUES (p_pkey, p_user_key, p_name, p_deadline)
+            ON CONFLICT (pkey) DO NOTHING;
+    END LOOP;
+    IF cur_exp <= p_now THEN  -- expired, not yet swept: old data never comes back
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        IF m[x] IN ('a', 'c') THEN  -- inserted now (seq included) unless a record is there
+            INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                VALUES (p_pkey, n[x], nextval('@schema.seq'), et[x], dg[x], tg[x], vl[x])
+                ON CONFLICT ON CONSTRAINT records_pkey DO NOTHING
+                RETURNING r.seq INTO s;
+            IF FOUND THEN
+                added := added || n[x];
+                done[x] := true;
+                kseq[x] := s;
+                CONTINUE;
+            END IF;
+        END IF;
+        SELECT r.etag, r.digest, r.tags, r.seq, r.value INTO cur_etag, cur_digest, cur_tags, cur_seq, cur_value
+            FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        hit[x] := FOUND;
+        IF (m[x] = 'c' AND hit[x])
+           OR (m[x] = 'i' AND (NOT hit[x] OR cur_etag IS DISTINCT FROM im[x]))
+           OR (m[x] = 'a' AND hit[x] AND split_part(cur_digest, '.', 1) <> cd[x]) THEN
+            bad := x;
+            EXIT;
+        END IF;
+        keep[x] := hit[x] AND (m[x] = 'a' OR (m[x] = 'i' AND et[x] = im[x] AND cur_digest = dg[x]));
+        tagged[x] := hit[x] AND cur_tags <> '{}';
+        IF keep[x] THEN  -- its row as read under the lock: what the batch returns for it
+            kseq[x] := cur_seq;
+            ketag[x] := cur_etag;
+            kdigest[x] := cur_digest;
+            ktags[x] := cur_tags;
+            kval[x] := cur_value;
+        ELSE  -- drawn in put order, as the inserts' own
+            kseq[x] := nextval('@schema.seq');
+        END IF;
+    END LOOP;
+    IF bad = 0 THEN
+        FOR x IN 1..nd LOOP
+            CONTINUE WHEN di[x] IS NULL;
+            SELECT r.etag INTO cur_etag FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = dn[x];
+            IF NOT FOUND OR cur_etag IS DISTINCT FROM di[x] THEN
+                bad := np + x;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF bad > 0 THEN  -- refused: what the checks inserted goes, then the conflict row
+        IF cardinality(added) > 0 THEN
+            DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (added);
+        END IF;
+        RETURN QUERY SELECT 1, bad - 1, q.nm, r.seq, r.etag, r.digest, r.tags, r.value
+            FROM (SELECT CASE WHEN bad <= np THEN n[bad] ELSE dn[bad - np] END AS nm) AS q
+            LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = q.nm;
+        RETURN;
+    END IF;
+    -- the batch passed its checks: it sets the expiry (a refused one changes nothing)
+    IF held AND cur_exp IS DISTINCT FROM p_deadline THEN
+        UPDATE @schema.partitions AS p SET expires_at = p_deadline WHERE p.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        IF keep[x] THEN  -- kept: the stored record, as read under the lock
+            st := 2; i := x - 1; name := n[x]; seq := kseq[x]; etag := ketag[x]; digest := kdigest[x];
+            tags := ktags[x]; value := kval[x];
+        ELSE
+            IF NOT done[x] THEN  -- not inserted by the checks: written now
+                INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                    VALUES (p_pkey, n[x], kseq[x], et[x], dg[x], tg[x], vl[x])
+                    ON CONFLICT ON CONSTRAINT records_pkey DO UPDATE SET seq = EXCLUDED.seq, etag = EXCLUDED.etag,
+                        digest = EXCLUDED.digest, tags = EXCLUDED.tags, value = EXCLUDED.value;
+                IF tagged[x] THEN
+                    DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = n[x];
+                END IF;
+            END IF;
+            IF tc[x] > 0 THEN
+                INSERT INTO @schema.tags (pkey, name, k, v, seq)
+                    SELECT p_pkey, n[x], tk[j], tv[j], kseq[x] FROM generate_series(off + 1, off + tc[x]) AS j;
+            END IF;
+            st := 0; i := x - 1; name := NULL; seq := kseq[x]; etag := NULL; digest := NULL; tags := NULL;
+            value := NULL;
+        END IF;
+        RETURN NEXT;
+        off := off + tc[x];
+    END LOOP;
+    IF nd > 0 THEN
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.name = ANY (dn);
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (dn);
+        IF NOT EXISTS (SELECT 1 FROM @schema.records AS r WHERE r.pkey = p_pkey) THEN
+            DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        END IF;
+    END IF;
+END
+$fn$
+
+;;
+CREATE OR REPLACE FUNCTION @schema.drop_partition(p_pkey text) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    c bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('@schema.' || p_pkey, 0));
+    DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
+    DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
+    GET DIAGNOSTICS c = ROW_COUNT;
+    DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+    RETURN c;
+END
+$fn$

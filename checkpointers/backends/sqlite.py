@@ -1185,7 +1185,8 @@ def _list_sql(pkey: str, query: ListQuery) -> tuple[str, list[Any]]:
     statement cache reuses the prepared statement. Without tags, the rows are
     picked on an index and only the picked rows are read (no sort of values);
     with tags, see :func:`_tagged_sql`; with ``children``, the picks and their
-    children are one statement (:func:`_with_children_sql`).
+    children are one statement (:func:`_with_children_sql`; in name order
+    without tags or ``stop``, :func:`_list` scans instead: :func:`_scan_children`).
     """
     if query.order not in ("name", "seq"):
         raise ValueError(f"ListQuery.order must be 'name' or 'seq', got {query.order!r}")
@@ -1315,7 +1316,82 @@ def _range_sql(alias: str, order: str, shape: _Ranges) -> tuple[str, ...]:
     return tuple(where)
 
 
+def _scans(query: ListQuery) -> bool:
+    """Whether ``query`` is read by :func:`_scan_children`: picks in name order with children, no tags, no stop."""
+    return query.children and query.order == "name" and not query.tags and query.stop is None
+
+
+@functools.lru_cache(maxsize=64)
+def _scan_sql(shape: _Ranges, descending: bool, values: bool) -> str:
+    """The statement of :func:`_scan_children`: the records under the prefix from ``start``, in name order."""
+    cols = _COLUMNS if values else _META_COLUMNS
+    where = " AND ".join(["r.pkey = ?", *_range_sql("r", "name", shape), _LIVE1])
+    return f"SELECT {cols} FROM records AS r WHERE {where} ORDER BY r.name {'DESC' if descending else 'ASC'}"
+
+
+def _scan_children(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
+    """A children listing (:func:`_scans`) as one range scan in the query's order, stopped in Python.
+
+    The names under the prefix are read from the top (descending) or from
+    ``start`` without a limit, and the cursor is stepped only as far as the
+    listing needs: a name with the picks' count of ``/`` is a pick, a deeper
+    one is a child of the pick its name starts with plus ``/`` (the name up
+    to the ``/`` after that count), anything else is skipped. Descending, a
+    pick's children sort above it, so the scan stops at the ``limit``-th
+    pick; ascending, it goes on past the children of every pick (below the
+    highest ``pick + "0"``: a name ``1-a`` sorts between ``1`` and ``1/...``).
+    "The newest checkpoint and its writes" reads just those rows, with no
+    subquery, join or sort. Only the rows returned are decoded.
+    """
+    upper = _prefix_upper_bound(query.prefix) if query.prefix else None
+    params: list[Any] = [pkey]
+    if query.prefix:
+        params.append(query.prefix)
+        if upper is not None:
+            params.append(upper)
+    if query.start is not None:
+        params.append(query.start)
+    shape = (bool(query.prefix), upper is not None, False, query.start is not None, False)
+    descending, limit = query.descending, query.limit
+    depth = query.prefix.count("/") + (query.depth or 0)
+    picks: dict[str, Sequence[Any]] = {}  # in scan order: the query's
+    kids: dict[str, list[Sequence[Any]]] = {}  # by pick name, in scan order
+    up = ""  # ascending: the names of every pick's children are below it
+    cursor = conn.execute(_scan_sql(shape, descending, query.values), params)
+    try:
+        for row in cursor:
+            name = row[0]
+            if type(name) is not str:  # a damaged name (blobs sort above text: met with no prefix)
+                raise _damaged(row)
+            full = limit is not None and len(picks) >= limit
+            if full and name >= up:  # ascending only: descending stopped at the last pick
+                break
+            slashes = name.count("/")
+            if slashes == depth:
+                if not full:
+                    picks[name] = row
+                    if descending and len(picks) == limit:
+                        break
+                    up = max(up, name + "0")
+            elif slashes > depth:
+                cut = -1
+                for _ in range(depth + 1):
+                    cut = name.find("/", cut + 1)
+                kids.setdefault(name[:cut], []).append(row)
+    finally:
+        cursor.close()  # ends the statement (and its read snapshot) when the scan stopped early
+    out: list[Record] = []
+    for name, row in picks.items():
+        out.append(_record(row))
+        below = kids.get(name)
+        if below:
+            out.extend(_record(r) for r in (reversed(below) if descending else below))
+    return out
+
+
 def _list(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> list[Record]:
+    if _scans(query):
+        return _scan_children(conn, pkey, query)
     sql, params = _list_sql(pkey, query)
     rows = conn.execute(sql, params)
     if not query.children:

@@ -1,0 +1,71 @@
+"""SQLite children listings (``ListQuery(depth=..., children=True)``) against the memory reference.
+
+A name-ordered children listing without tags is one range scan from the
+first pick to the last one's children (``_window_sql``), sorted out in
+Python (``_windowed``): these checks throw name trees at it whose names sort
+in the awkward places (``1-a`` and ``1%b`` between ``1`` and ``1/...``,
+orphan children, names one level up or down) and compare every query with
+:class:`MemoryBackend`'s, which reads everything and picks in Python.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpointers._flows import make_put
+from checkpointers._names import Partition
+from checkpointers.backends.base import ListQuery
+from checkpointers.backends.memory import MemoryBackend
+from checkpointers.backends.sqlite import SqliteBackend
+
+P = Partition("alice", "langgraph", "t")
+
+#: A name tree whose names sort in the awkward places: "%" "-" "." sort below "/", "0" above it,
+#: so "c/1%b", "c/1-a" and "c/1.c" come between "c/1" and its children; "c/3/a" is an orphan.
+_UNIVERSE = [
+    "c/1", "c/1%b", "c/1-a", "c/1.c", "c/10", "c/2", "c/1/a", "c/1/a/b", "c/1/b/c", "c/1%b/a",
+    "c/1-a/w", "c/1-a/w/x", "c/10/a", "c/2/a", "c/3/a", "c/1/", "d", "d/e",
+]
+_BOUND = st.sampled_from([None, None, None, None, "c/1", "c/1-a", "c/1/", "c/10", "c/2", "c/1%b/a"])
+
+
+@st.composite
+def _queries(draw: st.DrawFn) -> ListQuery:
+    return ListQuery(
+        prefix=draw(st.sampled_from(["c/", "c/", "c/", "c/1", "c/1/", "c/1-a/", ""])),
+        descending=draw(st.booleans()),
+        limit=draw(st.sampled_from([None, 1, 2, 3])),
+        start=draw(_BOUND),
+        stop=draw(_BOUND),
+        values=draw(st.booleans()),
+        depth=draw(st.sampled_from([0, 0, 1, 2])),
+        children=True,
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(names=st.sets(st.sampled_from(_UNIVERSE), min_size=1), queries=st.lists(_queries(), min_size=1, max_size=12))
+def test_children_listings_match_the_memory_reference(names: set[str], queries: list[ListQuery]) -> None:
+    reference = MemoryBackend()
+    with tempfile.TemporaryDirectory() as tmp, SqliteBackend(Path(tmp) / "w.db") as backend:
+        puts = [make_put(n, n.encode()) for n in sorted(names)]
+        for b in (backend, reference):
+            b.write(P, puts)
+        for query in queries:
+            got, want = backend.list(P, query), reference.list(P, query)
+            assert [r.name for r in got] == [r.name for r in want], query
+            assert got == want, query
+
+
+def test_a_pick_that_extends_another_does_not_cut_off_its_children(sqlite_backend: SqliteBackend) -> None:
+    # "c/1%b" sorts between "c/1" and "c/1/a": the window must reach past the last pick
+    names = ["c/1", "c/1%b", "c/1/a", "c/1/b/c", "c/1-a/w", "c/2"]
+    sqlite_backend.write(P, [make_put(n, n.encode()) for n in names])
+    got = sqlite_backend.list(P, ListQuery(prefix="c/", depth=0, limit=2, children=True))
+    assert [r.name for r in got] == ["c/1", "c/1/a", "c/1/b/c", "c/1%b"]
+    got = sqlite_backend.list(P, ListQuery(prefix="c/", depth=0, limit=2, descending=True, children=True))
+    assert [r.name for r in got] == ["c/2", "c/1%b"]  # "c/1-a" is not stored: its child is nobody's

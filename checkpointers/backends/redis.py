@@ -5,7 +5,7 @@ so all five live in one slot and one Lua script touches them all::
 
     P:{pk}:r      hash    "m:<name>" -> metadata, "v:<name>" -> value bytes
     P:{pk}:n      zset    every name, score 0          (name order, ZRANGEBYLEX)
-    P:{pk}:x      zset    "<anc>|<seq16>|<name>"       (seq order, per ancestor)
+    P:{pk}:x      zset    "<anc>|<seq16>|<name>"       (seq order, per first-level ancestor)
     P:{pk}:t      zset    "s<tag>|<seq16>|<name>", "n<tag>|<name>"  (tag indexes)
     P:{pk}:seq    string  the partition's sequence counter (INCR)
     P:{<user_key>}:parts  hash  pk -> raw partition name (the user's registry)

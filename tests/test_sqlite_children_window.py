@@ -10,6 +10,7 @@ orphan children, names one level up or down) and compare every query with
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -69,3 +70,18 @@ def test_a_pick_that_extends_another_does_not_cut_off_its_children(sqlite_backen
     assert [r.name for r in got] == ["c/1", "c/1/a", "c/1/b/c", "c/1%b"]
     got = sqlite_backend.list(P, ListQuery(prefix="c/", depth=0, limit=2, descending=True, children=True))
     assert [r.name for r in got] == ["c/2", "c/1%b"]  # "c/1-a" is not stored: its child is nobody's
+
+
+def test_a_scan_stopped_early_holds_no_read_snapshot(tmp_path: Path) -> None:
+    # the newest pick is found after two rows of many: the statement must be ended there, or its
+    # snapshot would keep every later commit in the WAL (a TRUNCATE checkpoint could not finish)
+    path = tmp_path / "s.db"
+    with SqliteBackend(path) as backend:
+        backend.write(P, [make_put(f"c/{i:04d}", b"x" * 100) for i in range(200)])
+        (newest,) = backend.list(P, ListQuery(prefix="c/", depth=0, descending=True, limit=1, children=True))
+        assert newest.name == "c/0199"
+        backend.write(P, [make_put("c/0200", b"y")])
+        with sqlite3.connect(path) as other:
+            busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        other.close()
+        assert busy == 0, "a reader still holds a snapshot"

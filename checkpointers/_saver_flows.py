@@ -58,7 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -152,6 +152,7 @@ _WRITE_OVERHEAD = 24
 _WRITE_ATTEMPTS = 4
 
 logger = logging.getLogger("checkpointers.savers")
+_T = TypeVar("_T")
 
 
 # -- names --------------------------------------------------------------------
@@ -937,10 +938,13 @@ class CheckpointLayout:
             object.__setattr__(self, "_many", serde.loads_msgpack_all)
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
-        """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`."""
+        """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`.
+
+        It returns that flow itself (``yield from`` it): no generator of its own per write.
+        """
         if self.writer is None:
-            return (yield from write(p, tuple(puts), tuple(deletes)))
-        return (yield from self.writer(p, puts, deletes))
+            return write(p, tuple(puts), tuple(deletes))
+        return self.writer(p, puts, deletes)
 
     # -- encoding ---------------------------------------------------------
 
@@ -1031,8 +1035,9 @@ class CheckpointLayout:
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-    ) -> Flow[None]:
-        """Store a checkpoint: new blobs then the record, in one atomic batch.
+        done: _T = None,  # type: ignore[assignment]
+    ) -> Flow[_T]:
+        """Store a checkpoint: new blobs then the record, in one atomic batch; return ``done``.
 
         Small channel values go inside the record (``inline``), the others
         into content-addressed blobs; unchanged channels reuse the parent's
@@ -1076,6 +1081,7 @@ class CheckpointLayout:
             labels = [f"blob {_blob_name(sha)} of {subject()}" for sha in plan.new_blobs] + [subject()]
             raise_conflict(result, puts, (), labels)
         self.parents.written(p, ns, cid, Channels(versions, plan.blobs, plan.inline))
+        return done
 
     def _parent_record_flow(self, p: Partition, ns: str, parent: str | None) -> Flow[Channels]:
         """Where the parent's channels are, from its record (no parent or none stored: nowhere)."""

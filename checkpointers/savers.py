@@ -435,6 +435,8 @@ class Checkpointer(BaseCheckpointSaver[str]):
         return CheckpointTuple({"configurable": conf}, found.checkpoint, found.metadata, parent, found.pending_writes)
 
     # -- flows per public call (built once, driven sync or async) ---------------
+    # ``_put_flow`` and ``_put_writes_flow`` check their arguments when called
+    # (inside ``put``/``aput``, before any I/O) and return the layout's flow itself.
 
     def _get_tuple_flow(self, config: RunnableConfig) -> Flow[CheckpointTuple | None]:
         conf, p = self._where(config)
@@ -490,11 +492,11 @@ class Checkpointer(BaseCheckpointSaver[str]):
         if type(checkpoint.get("id")) is not str:
             _text("checkpoint['id']", checkpoint.get("id"))
         merged = get_checkpoint_metadata(config, metadata)
-        yield from self.layout.put_flow(p, ns, parent, checkpoint, merged, new_versions)
         out: dict[str, Any] = {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         if conf.get("user_id") is not None:
             out["user_id"] = conf["user_id"]
-        return {"configurable": out}
+        done: RunnableConfig = {"configurable": out}
+        return self.layout.put_flow(p, ns, parent, checkpoint, merged, new_versions, done)
 
     def _put_writes_flow(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
@@ -512,7 +514,7 @@ class Checkpointer(BaseCheckpointSaver[str]):
         for i, write in enumerate(writes):
             if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
                 raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
-        yield from self.layout.put_writes_flow(p, ns, cid, writes, task_id, task_path, self)
+        return self.layout.put_writes_flow(p, ns, cid, writes, task_id, task_path, self)
 
     def _delete_thread_flow(self, thread_id: str) -> Flow[None]:
         p = self._partition(None, thread_id)

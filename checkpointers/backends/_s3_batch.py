@@ -67,7 +67,8 @@ A multi-record read that meets an absence or a record without a marker
 collects every name a second time (see :meth:`Batches.unchanged`): a
 committed delete leaves no marker once its tombstone is dropped, and a
 record created alone on the absent name carries none. Listings collect
-twice only for an absence (see :mod:`checkpointers.backends.s3`). Recovery
+twice only for an absence; they date a record without a marker by the S3
+ETag their LIST gave (see :mod:`checkpointers.backends.s3`). Recovery
 drops a tombstone only when its batch's manifest is no longer listed after
 the tombstone was read.
 """

@@ -66,12 +66,18 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
    listing that read a batch's other records in their old state settles the
    batch on meeting it and repeats, rather than return the batch's old
    state beside a write made after it (the cost: an UPSERT is a GET and a
-   PUT, not one PUT). Not covered: a name a batch deleted and that was then
-   created alone, both during one listing (a create on an absent name has
-   no marker to carry): multi-record gets collect twice when they meet a
-   record without a marker, listings only when they meet an absence,
-   since listings mostly meet records without one (LangGraph's) and a second
-   collect of every listing adds 38% to a LangGraph run's requests.
+   PUT, not one PUT). A name a batch deleted and that was then created
+   alone, both during one listing, has no marker to carry (a create on an
+   absent name replaces nothing): multi-record gets collect twice when they
+   meet a record without a marker; a name listing compares such a record's
+   S3 ETag with the one its LIST gave before the first GET, and repeats
+   when it moved (written during the listing), which costs no request
+   (listings mostly meet records without a marker, LangGraph's, and a
+   second collect of every listing adds 38% to a LangGraph run's
+   requests). Only such records that no LIST before the first GET named (a
+   streaming listing's later pages) are collected twice. A tag-index
+   listing (records found through index entries, not listed) still trusts
+   them.
 3. A batch with **several** other operations, all CREATE/APPEND (the
    LangGraph saver's ``put_writes``), is **optimistic** (the protocol of
    both multi-record ways, its states and their transitions are in
@@ -213,7 +219,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from .._names import Partition, decode_component, encode_component
@@ -257,6 +263,23 @@ _Names = list[str]
 _Records = list[Record]
 #: A listing attempt's records, every object it read (for the marker checks), and the names it GET and found absent.
 _Found = tuple[list[Record], list[Obj], list[str]]
+
+
+class _Listed(NamedTuple):
+    """A listing attempt (see :meth:`S3Backend._list_once`): what :data:`_Found` holds, and how sure it is.
+
+    ``moved``: a record without a marker was read with another S3 ETag than
+    the LIST that named it gave, so it was written during the listing: the
+    attempt is repeated. ``unsure``: a record without a marker was read
+    whose key no LIST made before the first GET named: the attempt collects
+    every object a second time (as for an absence).
+    """
+
+    records: list[Record]
+    objs: list[Obj]
+    absent: list[str]
+    moved: bool = False
+    unsure: bool = False
 
 
 class ConditionalWritesUnsupportedError(ConditionsUnsupported, CheckpointerError, NotImplementedError):
@@ -506,12 +529,19 @@ class _Bucket:
 
     def pages(self, prefix: str, start_after: str | None = None, page_size: int = 1000) -> Iterator[list[str]]:
         """The keys under ``prefix`` (after ``start_after``), one LIST page at a time; later pages hold 1000."""
+        for page in self.tagged_pages(prefix, start_after, page_size):
+            yield [key for key, _ in page]
+
+    def tagged_pages(
+        self, prefix: str, start_after: str | None = None, page_size: int = 1000
+    ) -> Iterator[list[tuple[str, str]]]:
+        """:meth:`pages` with each key's S3 ETag as listed (without the quotes)."""
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": page_size}
         if start_after is not None and start_after > prefix:
             args["StartAfter"] = start_after
         while True:
             resp = self.client.list_objects_v2(**args)
-            yield [o["Key"] for o in resp.get("Contents", [])]
+            yield [(o["Key"], str(o.get("ETag", "")).strip('"')) for o in resp.get("Contents", [])]
             if not resp.get("IsTruncated"):
                 return
             args["ContinuationToken"] = resp["NextContinuationToken"]
@@ -724,8 +754,8 @@ class S3Backend(Backend):
     def list(self, partition: Partition, query: ListQuery) -> builtins.list[Record]:
         def read(keys: _Layout) -> builtins.list[Record]:
             attempt = functools.partial(self._listing, keys, query)
-            found: _Found = self._batches.consistent(keys, attempt, True, functools.partial(self._same, keys))
-            return found[0]
+            found: _Listed = self._batches.consistent(keys, attempt, True, functools.partial(self._same, keys))
+            return found.records
 
         with translate_errors(self.where):
             return self._alive(partition, read, [])
@@ -759,19 +789,29 @@ class S3Backend(Backend):
         self._gens[keys.pkey] = keys.gen
         return keys
 
-    def _listing(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> tuple[_Found, builtins.list[Obj]]:
+    def _listing(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> tuple[_Listed, builtins.list[Obj]]:
         found = self._list_once(keys, q, hidden)
-        return found, found[1]
+        return found, found.objs
 
-    def _same(self, keys: _Layout, found: _Found) -> bool:
-        """A listing that GET a listed name and found it absent: is every object it read still as read?
+    def _same(self, keys: _Layout, found: _Listed) -> bool:
+        """A listing that met an absence or a record it cannot date: is every object it read still as read?
 
         A batch's delete leaves no marker once it committed and dropped its
-        tombstone, so the listing may hold other records of that batch in
-        their old state (see :meth:`Batches.unchanged`).
+        tombstone, so a listing that GET a listed name and found it absent
+        may hold other records of that batch in their old state (see
+        :meth:`Batches.unchanged`); a record created alone on such a name
+        carries no marker either. A record without a marker read as the
+        LIST before the first GET gave it was there before the listing read
+        anything, so no batch that committed during the listing wrote it
+        (nor a write after one); read with another S3 ETag (``moved``) it
+        was written during the listing: False, the listing is repeated. One
+        no such LIST named (``unsure``: a later page of a streaming listing,
+        children listed apart) is checked like an absence, by a second collect.
         """
-        _, objs, absent = found
-        if not absent:
+        if found.moved:
+            return False
+        objs, absent = found.objs, found.absent
+        if not absent and not found.unsure:
             return True
         names = [*(o.name for o in objs), *absent]
         return self._batches.unchanged(keys, names, [*objs, *(None for _ in absent)])
@@ -1122,27 +1162,32 @@ class S3Backend(Backend):
 
     # -- listing ---------------------------------------------------------------
 
-    def _list_once(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> _Found:
+    def _list_once(self, keys: _Layout, q: ListQuery, hidden: frozenset[str]) -> _Listed:
         """One listing attempt: the records, and every object read (for marker checks).
 
         The depth filter is applied to the listed *names*, so a record at
         another depth is never fetched; with ``children`` a selected record's
         children are found among the listed names (see :meth:`_with_children`).
+        The S3 ETags of the LIST pages made before the first GET are kept to
+        date the records without a marker (see :meth:`_same`).
         """
         if q.limit == 0:
-            return [], [], []
+            return _Listed([], [], [])
         if q.order == "seq":
             tag = next((k for k in q.tags if k in self.indexed_tags), None)
             if tag is not None:
-                return self._list_indexed(keys, q, tag, hidden)
+                return _Listed(*self._list_indexed(keys, q, tag, hidden))
         by_name = q.order == "name"
         streaming = by_name and q.descending and q.limit is not None
         taken = _Taken()
         listed: builtins.list[str] = []  # every name listed, in listing (descending name) order
         names: builtins.list[_Entry] = []  # the candidates: names at the query's depth
-        for batch, above in self._name_pages(keys, q, streaming):
+        before_gets: dict[str, str] = {}  # record name -> S3 ETag, as listed before the first GET
+        for batch, above, etags in self._name_pages(keys, q, streaming):
             listed.extend(above)
             names.extend(batch)
+            if not taken.objs and not taken.absent:
+                before_gets.update(etags)
             if streaming:
                 taken += self._take(keys, batch, q, hidden, have=len(taken.records), ordered=True)
                 if q.limit is not None and len(taken.records) >= q.limit:
@@ -1157,18 +1202,26 @@ class S3Backend(Backend):
                 out.sort(key=q.sort_key, reverse=q.descending)
         out = out[: q.limit] if q.limit is not None else out
         records, kids, gone = self._with_children(keys, q, out, hidden, listed[::-1])
-        return records, [*taken.objs, *kids], [*taken.absent, *gone]
+        objs = [*taken.objs, *kids]
+        undated = [o for o in objs if o.tx is None]  # records without a marker (tombstones always carry one)
+        moved = any(before_gets.get(o.name, o.s3etag.strip('"')) != o.s3etag.strip('"') for o in undated)
+        unsure = any(o.name not in before_gets for o in undated)
+        return _Listed(records, objs, [*taken.absent, *gone], moved, unsure)
 
-    def _name_pages(self, keys: _Layout, q: ListQuery, streaming: bool) -> Iterator[tuple[_Entries, _Names]]:
-        """Per LIST page under the prefix (names descending), the names above ``start``: (those at the depth, all)."""
+    def _name_pages(
+        self, keys: _Layout, q: ListQuery, streaming: bool
+    ) -> Iterator[tuple[_Entries, _Names, dict[str, str]]]:
+        """Per LIST page under the prefix (names descending), the names above ``start``: (those at the depth, all,
+        the S3 ETag of each listed name)."""
         by_name = q.order == "name"
         start_after = keys.record(q.stop) if by_name and isinstance(q.stop, str) else None
         lowest = q.start if by_name and isinstance(q.start, str) else None
         page_size = self._streaming_page(q) if streaming else 1000
-        for page in self._bucket.pages(keys.records + _invert(q.prefix), start_after, page_size):
-            named = [(k, 0, keys.name_of(k)) for k in page]
+        for page in self._bucket.tagged_pages(keys.records + _invert(q.prefix), start_after, page_size):
+            named = [(k, 0, keys.name_of(k)) for k, _ in page]
             above = [e for e in named if lowest is None or e[2] >= lowest]
-            yield [e for e in above if q.at_depth(e[2])], [e[2] for e in above]
+            etags = {e[2]: etag for e, (_, etag) in zip(named, page, strict=True)}
+            yield [e for e in above if q.at_depth(e[2])], [e[2] for e in above], etags
             if len(above) < len(named):
                 return  # names below `start`: the rest of the listing is lower still
 

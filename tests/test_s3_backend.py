@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -1149,6 +1149,34 @@ class _ThenOnce:
         return got
 
 
+def _list_around(
+    writer: S3Backend, p: Partition, then: Callable[[str], None], query: ListQuery | None = None
+) -> tuple[dict[str, bytes], str, int]:
+    """A listing of ``p`` by a second process whose first record GET is followed by ``then(its record name)``.
+
+    The reader GETs one by one ("the first" is well defined). Returns what
+    it listed (name -> value), the name ``then`` got, and its LIST requests.
+    """
+    reader = S3Backend(BUCKET, writer.root, client=writer.client)
+    reader._io.shutdown()
+    reader._io = _Inline()  # type: ignore[assignment]
+    keys = reader._layout(p.key)
+    port = _ThenOnce(reader._batches.store, keys.records, lambda key: then(keys.name_of(key)))
+    reader._batches.store = port
+    try:
+        got = {r.name: r.value for r in reader.list(p, query or ListQuery())}
+        lists = reader.requests["ListObjectsV2"]
+    finally:
+        reader.close()
+    assert port.fired
+    return got, keys.name_of(port.fired), lists
+
+
+def _olds(backend: S3Backend, p: Partition, names: Iterable[str]) -> None:
+    for name in names:
+        backend.write(p, [make_put(name, b"old")])
+
+
 def test_a_listing_never_sees_a_delete_without_the_rest_of_its_batch(s3_backend: S3Backend) -> None:
     """A batch {upsert one, delete the other} commits (tombstone dropped) between a listing's two GETs.
 
@@ -1157,24 +1185,13 @@ def test_a_listing_never_sees_a_delete_without_the_rest_of_its_batch(s3_backend:
     batch's delete but not its upsert. It is repeated and sees the batch.
     """
     p = Partition("u", "langgraph", "listing")
-    for name in ("a", "b"):
-        s3_backend.write(p, [make_put(name, b"old")])
-    reader = S3Backend(BUCKET, s3_backend.root, client=s3_backend.client)
-    reader._io.shutdown()
-    reader._io = _Inline()  # type: ignore[assignment]  # GETs one by one: "the first" is well defined
-    keys = reader._layout(p.key)
+    _olds(s3_backend, p, "ab")
 
-    def batch(key: str) -> None:
-        first = keys.name_of(key)
-        other = "b" if first == "a" else "a"
-        s3_backend.write(p, [make_put(first, b"new")], [Delete(other)])
+    def batch(first: str) -> None:
+        s3_backend.write(p, [make_put(first, b"new")], [Delete("b" if first == "a" else "a")])
 
-    port = _ThenOnce(reader._batches.store, keys.records, batch)
-    reader._batches.store = port
-    got = {r.name: r.value for r in reader.list(p, ListQuery())}
-    assert port.fired
-    assert got == {keys.name_of(port.fired): b"new"}
-    reader.close()
+    got, first, _ = _list_around(s3_backend, p, batch)
+    assert got == {first: b"new"}
 
 
 def test_a_listing_never_mixes_a_batch_with_a_later_record_written_alone(s3_backend: S3Backend) -> None:
@@ -1189,24 +1206,14 @@ def test_a_listing_never_mixes_a_batch_with_a_later_record_written_alone(s3_back
     LangGraph run: listings mostly meet records written alone).
     """
     p = Partition("u", "langgraph", "listing-alone")
-    for name in ("a", "b"):
-        s3_backend.write(p, [make_put(name, b"old")])
-    reader = S3Backend(BUCKET, s3_backend.root, client=s3_backend.client)
-    reader._io.shutdown()
-    reader._io = _Inline()  # type: ignore[assignment]
-    keys = reader._layout(p.key)
+    _olds(s3_backend, p, "ab")
 
-    def batch(key: str) -> None:
-        other = "b" if keys.name_of(key) == "a" else "a"
+    def batch(first: str) -> None:
         s3_backend.write(p, [make_put("a", b"new"), make_put("b", b"new")])
-        s3_backend.write(p, [make_put(other, b"alone")])
+        s3_backend.write(p, [make_put("b" if first == "a" else "a", b"alone")])
 
-    port = _ThenOnce(reader._batches.store, keys.records, batch)
-    reader._batches.store = port
-    got = {r.name: r.value for r in reader.list(p, ListQuery())}
-    reader.close()
-    assert port.fired
-    assert got[keys.name_of(port.fired)] == b"new", f"the batch's old state beside a later write: {got}"
+    got, first, _ = _list_around(s3_backend, p, batch)
+    assert got[first] == b"new", f"the batch's old state beside a later write: {got}"
 
 
 def test_a_listing_never_mixes_a_batch_with_a_record_created_alone_where_it_deleted(s3_backend: S3Backend) -> None:
@@ -1222,25 +1229,15 @@ def test_a_listing_never_mixes_a_batch_with_a_record_created_alone_where_it_dele
     during the listing, which is repeated.
     """
     p = Partition("u", "langgraph", "listing-recreated")
-    for name in ("a", "b"):
-        s3_backend.write(p, [make_put(name, b"old")])
-    reader = S3Backend(BUCKET, s3_backend.root, client=s3_backend.client)
-    reader._io.shutdown()
-    reader._io = _Inline()  # type: ignore[assignment]
-    keys = reader._layout(p.key)
+    _olds(s3_backend, p, "ab")
 
-    def batch(key: str) -> None:
-        first = keys.name_of(key)
+    def batch(first: str) -> None:
         other = "b" if first == "a" else "a"
         s3_backend.write(p, [make_put(first, b"new")], [Delete(other)])
         s3_backend.write(p, [make_put(other, b"created", mode=Mode.CREATE)])
 
-    port = _ThenOnce(reader._batches.store, keys.records, batch)
-    reader._batches.store = port
-    got = {r.name: r.value for r in reader.list(p, ListQuery())}
-    reader.close()
-    assert port.fired
-    assert got[keys.name_of(port.fired)] == b"new", f"the batch's old state beside a later create: {got}"
+    got, first, _ = _list_around(s3_backend, p, batch)
+    assert got[first] == b"new", f"the batch's old state beside a later create: {got}"
 
 
 def test_a_streaming_listing_collects_twice_a_record_listed_after_its_first_get(s3_backend: S3Backend) -> None:
@@ -1254,25 +1251,16 @@ def test_a_streaming_listing_collects_twice_a_record_listed_after_its_first_get(
     collected a second time with "b", whose new S3 ETag repeats the listing.
     """
     p = Partition("u", "langgraph", "listing-later-page")
-    for name in ("a", "b", *(f"b/{i:02d}" for i in range(11))):
-        s3_backend.write(p, [make_put(name, b"old")])
-    reader = S3Backend(BUCKET, s3_backend.root, client=s3_backend.client)
-    reader._io.shutdown()
-    reader._io = _Inline()  # type: ignore[assignment]
-    keys = reader._layout(p.key)
+    _olds(s3_backend, p, ["a", "b", *(f"b/{i:02d}" for i in range(11))])
 
-    def batch(key: str) -> None:
-        assert keys.name_of(key) == "b"
+    def batch(first: str) -> None:
+        assert first == "b"
         s3_backend.write(p, [make_put("b", b"new")], [Delete("a")])
         s3_backend.write(p, [make_put("a", b"created", mode=Mode.CREATE)])
 
-    port = _ThenOnce(reader._batches.store, keys.records, batch)
-    reader._batches.store = port
     query = ListQuery(order="name", descending=True, limit=2, depth=0)
-    requests = reader.requests
-    got = {r.name: r.value for r in reader.list(p, query)}
-    reader.close()
-    assert port.fired and requests["ListObjectsV2"] >= 2, "the listing took one page"
+    got, _, lists = _list_around(s3_backend, p, batch, query)
+    assert lists >= 2, "the listing took one page"
     assert got == {"b": b"new", "a": b"created"}, f"the batch's old state beside a later create: {got}"
 
 

@@ -1174,9 +1174,9 @@ class _RollForwardSkipsARecord(Batches):
         self.__dict__.setdefault("own", set()).add(batch.tx)
         super()._log(keys, batch, ops)
 
-    def _apply(self, keys: Any, batch: Batch, ops: Any) -> None:
+    def _apply(self, keys: Any, batch: Batch, ops: Any, landed: Any = ()) -> None:
         mine = batch.tx in self.__dict__.get("own", set())
-        super()._apply(keys, batch, ops if mine or len(ops) < 2 else ops[:-1])
+        super()._apply(keys, batch, ops if mine or len(ops) < 2 else ops[:-1], landed)
 
 
 class _RecoveryAbortsALoggedBatch(Batches):

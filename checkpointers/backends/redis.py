@@ -190,14 +190,18 @@ def _tag_pair(key: str, value: str) -> str:
 
 
 def _legacy_sweep(x_key: str, names: Iterable[str]) -> list[Command]:
-    """The commands removing the seq index members of a second ancestor level
-    (``c/_ns/|<seq16>|<name>``, written before :data:`ANCESTOR_DEPTH` was 1)
-    under the first-level ancestors of ``names``: ``[A/`` .. ``(A/|`` holds
-    exactly the members under ``A/`` but not of ``A/`` itself (a name byte
-    after ``A/`` sorts below ``|``: encoded components are ``[A-Za-z0-9_%-]``);
-    an ancestor with nothing left costs one lookup."""
+    """The commands removing the seq index members of earlier layouts: those of
+    the whole partition (``|<seq16>|<name>``, ``[|`` .. ``(}``) and those of a
+    second ancestor level (``c/_ns/|<seq16>|<name>``, written before
+    :data:`ANCESTOR_DEPTH` was 1) under the first-level ancestors of ``names``:
+    ``[A/`` .. ``(A/|`` holds exactly the members under ``A/`` but not of
+    ``A/`` itself (a name byte after ``A/`` sorts below ``|``: encoded
+    components are ``[A-Za-z0-9_%-]``). A range with nothing left costs one
+    lookup. (The write script still clears the whole partition's members on
+    every write too; this makes that line redundant.)"""
     families = {a for name in names for a in _ancestors(name)}
-    return [("ZREMRANGEBYLEX", x_key, f"[{a}", f"({a}|") for a in sorted(families)]
+    sweep: list[Command] = [("ZREMRANGEBYLEX", x_key, "[|", "(}")]
+    return sweep + [("ZREMRANGEBYLEX", x_key, f"[{a}", f"({a}|") for a in sorted(families)]
 
 
 def _pad(seq: int) -> str:

@@ -4,7 +4,8 @@ A batch that writes nothing (every put kept) takes no transaction id and
 writes no WAL; writers of one partition still queue on the advisory lock; a
 partition that can expire still has its row locked while it is written (the
 sweep skips it); a version-4 schema written by its own ``write_batch``
-migrates and keeps its records.
+migrates, keeps its records, and for an hour has every writer lock the row too
+(a batch begun under version 4 may still run).
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ def test_writers_of_one_partition_queue_on_its_advisory_lock(
 
 
 def test_a_version_4_schema_migrates_to_the_advisory_lock(postgres_url: str) -> None:
+    """Migrated with writers possibly running: for an hour every writer locks the row as version 4 did."""
     schema = f"cpm_{uuid.uuid4().hex[:10]}"
     p = Partition("u", "items", "v4")
+    lock_row = f"SELECT pkey FROM {schema}.partitions WHERE pkey = %s FOR UPDATE SKIP LOCKED"
     try:
         schema_at(postgres_url, schema, 4)
         b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
@@ -129,7 +132,28 @@ def test_a_version_4_schema_migrates_to_the_advisory_lock(postgres_url: str) -> 
             assert b.write(p, [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND)]).records == old[:1]
             (new,) = b.write(p, [make_put("n", b"3", tags={"t": "1"}, mode=Mode.APPEND)]).records
             assert new.seq > old[1].seq and [r.name for r in b.list(p, ListQuery(tags={"t": "1"}))] == ["a", "n"]
-            assert b.drop(p) == 3 and b.get(p, ["a", "c", "n"]) == [None, None, None]
+        conninfo = b.conninfo
+        with psycopg.connect(conninfo) as conn, psycopg.connect(conninfo, autocommit=True) as admin:
+            given = PostgresBackend(conn, schema=schema)
+            noop = [make_put("a", b"1", tags={"t": "1"}, mode=Mode.APPEND)]
+            for hour_left, locked in ((True, True), (False, False)):
+                if not hour_left:  # the hour after the migration is over
+                    admin.execute(f"UPDATE {schema}.row_lock_until SET until = now() - interval '1 second'")
+                result, xid = _in_open_transaction(conn, lambda: given.write(p, noop))
+                assert result.records == old[:1]
+                assert (xid is not None) == locked  # a row lock takes a transaction id
+                assert admin.execute(lock_row, (p.key,)).fetchall() == ([] if locked else [(p.key,)])
+                conn.rollback()
+            assert given.drop(p) == 3 and given.get(p, ["a", "c", "n"]) == [None, None, None]
+            conn.commit()
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_schema_created_at_version_5_has_no_hour_of_row_locks(
+    postgres_schema_url: str, _postgres_admin: psycopg.Connection[Any]
+) -> None:
+    _, schema = _conninfo_and_schema(postgres_schema_url)
+    (until,) = _postgres_admin.execute(f"SELECT until::text FROM {schema}.row_lock_until").fetchall()
+    assert until == ("-infinity",)

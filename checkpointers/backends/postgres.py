@@ -48,8 +48,11 @@ batch whose puts are all kept (a lease guard, an append of the same content)
 writes nothing at all: it takes no transaction id and no WAL, so its commit
 waits for no flush. A partition that can expire also has its ``partitions`` row
 locked (``FOR UPDATE``) while it is written, so a sweep (``FOR UPDATE SKIP
-LOCKED``) skips it. Seqs are drawn from one sequence while the lock is held,
-so they grow strictly within a partition, also across a drop.
+LOCKED``) skips it; so does every partition for an hour after a schema that
+already had writers migrated to the advisory lock (``row_lock_until``: a
+batch begun under the row lock alone may still be running then). Seqs are
+drawn from one sequence while the lock is held, so they grow strictly within
+a partition, also across a drop.
 
 Reads, pipelines, PgBouncer
 ---------------------------

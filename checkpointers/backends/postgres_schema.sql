@@ -518,12 +518,24 @@ $fn$
 -- with a WAL flush; now it writes no WAL at all, and the partitions row is
 -- not touched by every write. Writers of one partition still queue, on the
 -- advisory lock, and each statement after it sees the previous writer's
--- commit. A partition that can expire (expires_at set) has its row locked
--- too, as before, so the sweep (FOR UPDATE SKIP LOCKED) still skips a
--- partition being written, also when a previous release sweeps. Otherwise
--- write_batch is migration 4's: same arguments and results (CREATE OR
--- REPLACE), so a running previous release keeps working. drop_partition
--- takes the same advisory lock.
+-- commit. The row is still locked (FOR UPDATE, after the advisory lock):
+-- * for a partition that can expire (expires_at set), so that the sweep
+--   (FOR UPDATE SKIP LOCKED) skips a partition being written, also when a
+--   previous release sweeps;
+-- * by every writer until row_lock_until (an hour after this migration, when
+--   an earlier one was committed before it): a batch that began under
+--   version 4 (row lock only) may still be running when this commits, and
+--   writers of its partition wait for it. A schema created at version 5 in
+--   one go has no such hour.
+-- Otherwise write_batch is migration 4's: same arguments and results (CREATE
+-- OR REPLACE), so a running previous release keeps working. drop_partition
+-- takes the advisory lock, then the row lock.
+CREATE TABLE @schema.row_lock_until (until timestamptz NOT NULL)
+;;
+INSERT INTO @schema.row_lock_until (until)  -- migrations committed before this one: writers may be running
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM @schema.schema_migrations AS m WHERE m.at < now())
+                THEN now() + interval '1 hour' ELSE '-infinity'::timestamptz END
+;;
 CREATE OR REPLACE FUNCTION @schema.write_batch(
     p_pkey text, p_user_key text, p_name bytea, p_now double precision, p_deadline double precision,
     n text[], m text[], im text[], et text[], dg text[], cd text[], tg text[], vl bytea[], tc int[],
@@ -553,13 +565,15 @@ DECLARE
     s bigint;
     off int := 0;
     cur_exp double precision;
+    row_locks timestamptz;
     held boolean := false;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('@schema.' || p_pkey, 0));
     LOOP
-        SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        SELECT p.expires_at, (SELECT u.until FROM @schema.row_lock_until AS u) INTO cur_exp, row_locks
+            FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
         held := FOUND;
-        IF held AND cur_exp IS NOT NULL THEN  -- it can expire: its row is locked too, so that a sweep skips it
+        IF held AND (cur_exp IS NOT NULL OR clock_timestamp() < row_locks) THEN  -- its row is locked too (above)
             SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
             held := FOUND;  -- a sweep that held the row first deleted it: a new partition
         END IF;
@@ -670,6 +684,7 @@ DECLARE
     c bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('@schema.' || p_pkey, 0));
+    PERFORM 1 FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;  -- a writer of any release is done
     DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
     DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
     GET DIAGNOSTICS c = ROW_COUNT;

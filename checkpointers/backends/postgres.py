@@ -1044,10 +1044,13 @@ class _LoopConnections:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        try:
-            await asyncio.wait_for(self.slots.acquire(), self.timeout)
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11
-            raise PoolTimeout(f"no connection free within {self.timeout} s ({self.size} in use)") from None
+        if not self.slots.locked():  # a slot is free: taken at once (wait_for would run a task for it, ~10 us)
+            await self.slots.acquire()
+        else:
+            try:
+                await asyncio.wait_for(self.slots.acquire(), self.timeout)
+            except asyncio.TimeoutError:  # not the builtin before Python 3.11
+                raise PoolTimeout(f"no connection free within {self.timeout} s ({self.size} in use)") from None
         conn: psycopg.AsyncConnection[Any] | None = None
         try:
             conn = self.idle.pop() if self.idle else await self._connect()

@@ -78,6 +78,10 @@ class _Part:
             yield self.records[self.names[k]]
 
 
+#: What ``evaluate`` checks a batch against in a partition not yet created.
+_NO_RECORDS: dict[str, Record] = {}
+
+
 def _without_value(record: Record) -> Record:
     """``record`` with ``value=b""`` (``dataclasses.replace`` costs several times more per record)."""
     return Record(record.name, b"", record.tags, record.etag, record.digest, record.seq)
@@ -125,44 +129,53 @@ class MemoryBackend(Backend):
     def write(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()
     ) -> WriteResult:
-        if len(puts) + len(deletes) > 1:  # one operation cannot name a record twice
+        # The hot path of every put: one pass to check (``evaluate``), one to
+        # apply, with the partition's dict and name list held in locals.
+        if deletes or len(puts) > 1:  # one operation cannot name a record twice
             check_batch(puts, deletes)
         key = partition.key
-        now = self.retention.now()
+        retention = self.retention
         with self._lock:
-            if self.retention.expired(self._expiry.get(key), now):
+            expires_at = self._expiry.get(key)
+            # The clock is read only when it matters: a stored expiry to check, or one to set.
+            now = retention.now() if expires_at is not None or retention.ttl is not None else 0.0
+            if expires_at is not None and retention.expired(expires_at, now):
                 self._forget(partition)  # old data never comes back
             part = self._data.get(key)
-            conflict, noops = evaluate(puts, deletes, part.records if part else {})
+            records = part.records if part is not None else _NO_RECORDS
+            conflict, noops = evaluate(puts, deletes, records)
             if conflict is not None:
                 return WriteResult(records=[], conflict=conflict)
             if part is None:
                 part = self._data[key] = _Part(partition.name)
                 self._users.setdefault(partition.user_key, set()).add(key)
+                records = part.records
+            names, seq = part.names, self._seq
             out: list[Record] = []
             for i, put in enumerate(puts):
-                if i in noops or unchanged_reput(put, part.records.get(put.name)):  # kept as stored
-                    out.append(part.records[put.name])
-                    continue
-                rec = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, next(self._seq))
-                part.put(rec)
+                name = put.name
+                stored = records.get(name)
+                if stored is not None:
+                    if i in noops or unchanged_reput(put, stored):  # kept as stored
+                        out.append(stored)
+                        continue
+                    del records[name]  # re-inserted last: dict order is seq order
+                else:
+                    bisect.insort(names, name)
+                rec = records[name] = Record(name, put.value, dict(put.tags), put.etag, put.digest, next(seq))
                 out.append(rec)
             for d in deletes:
                 part.delete(d.name)
-            self._stamp(partition, part, now)
-        self._auto_sweep()
-        return WriteResult(records=out)
-
-    def _stamp(self, partition: Partition, part: _Part, now: float) -> None:
-        """After a write: the partition's new expiry, or its removal when empty. Under the lock."""
-        if not part.records:
-            self._forget(partition)
-            return
-        deadline = self.retention.deadline(now)
-        if deadline is None:
-            self._expiry.pop(partition.key, None)
-        else:
-            self._expiry[partition.key] = deadline
+            # The partition's new expiry, or its removal when empty.
+            if not records:
+                self._forget(partition)
+            elif retention.ttl is not None:
+                self._expiry[key] = now + retention.ttl
+            elif expires_at is not None:  # written with a ttl before set_retention dropped it
+                self._expiry.pop(key, None)
+        if self._pacer.interval is not None:  # no ttl: never due (saves a call per write)
+            self._auto_sweep()
+        return WriteResult(out)
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
         found: list[Record] = []

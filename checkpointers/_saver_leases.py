@@ -36,7 +36,7 @@ from ._flows import Flow, arun, run, write
 from ._names import Partition
 from .backends.base import Delete, Put, WriteResult
 from .errors import InvalidArgumentError, LeaseHeldError, LeaseLostError
-from .leases import Clock, Lease, LeaseMemo, LeaseSite, acquire, check_ttl, guarded_write_flow
+from .leases import Clock, Lease, LeaseMemo, LeaseSite, acquire, check_ttl, guarded_write_flow, unleased_write_flow
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -46,6 +46,8 @@ __all__ = ["HeldLease", "LeaseRegistry", "Unleased", "check_unleased"]
 logger = logging.getLogger("checkpointers.leases")
 
 Unleased = Literal["refuse", "allow"]
+#: How many partitions' lease sites a registry keeps built (one per thread written to).
+_SITES = 4096
 
 
 def check_unleased(value: object) -> Unleased:
@@ -71,6 +73,7 @@ class LeaseRegistry:
         #: Lease record versions seen nobody holding, for unleased writes (see :class:`LeaseMemo`).
         self.memo = LeaseMemo()
         self._held: dict[Partition, HeldLease] = {}
+        self._sites: dict[str, LeaseSite] = {}  # site_of's answers by partition key (bounded: _SITES)
         self._lock = threading.Lock()
 
     def hold(self, p: Partition, held: HeldLease) -> None:
@@ -94,14 +97,21 @@ class LeaseRegistry:
 
     def write_flow(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete]) -> Flow[WriteResult]:
         """One atomic batch of ``p``, fenced by the lease held on it, else checked by the unleased policy."""
-        held = self._held.get(p)
+        held = self._held.get(p) if self._held else None
         lease = None if held is None else held.current()
         if lease is not None:
             return guarded_write_flow(lease.site, lease, puts, deletes, clock=self.clock)
-        if self.unleased == "allow" or self.site_of is None:
+        site_of = self.site_of
+        if self.unleased == "allow" or site_of is None:
             return write(p, tuple(puts), tuple(deletes))
-        memo = self.memo if self.backend.inline_conditions else None
-        return guarded_write_flow(self.site_of(p), None, puts, deletes, clock=self.clock, memo=memo)
+        site = self._sites.get(p.key)
+        if site is None:
+            if len(self._sites) >= _SITES:
+                self._sites.clear()  # a bound, not an LRU: a site is cheap to build again
+            site = self._sites[p.key] = site_of(p)
+        if self.backend.inline_conditions:  # what guarded_write_flow does with a memo, one generator less per write
+            return unleased_write_flow(site, puts, deletes, clock=self.clock, memo=self.memo)
+        return guarded_write_flow(site, None, puts, deletes, clock=self.clock)
 
 
 class HeldLease:

@@ -92,7 +92,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._flows import Flow, GetOp, arun, get, listing, new_etag, parallel, partitions, run, write
+from ._flows import Flow, GetOp, WriteOp, arun, get, listing, new_etag, parallel, partitions, run, write
 from ._names import Partition, decode_component, encode_component
 from .backends.base import Conflict, Delete, ListQuery, Mode, Put, Record, WriteResult
 from .errors import ConcurrencyError, CorruptItemError, InvalidArgumentError, LeaseHeldError, LeaseLostError
@@ -201,9 +201,17 @@ class LeaseState:
         return not self.released and at_ms < self.expires_ms
 
     def guard(self) -> Put:
-        """This version re-put unchanged, on condition that it is still the stored one."""
-        r = self.record
-        return Put(r.name, r.value, r.digest, r.etag, dict(r.tags), Mode.IF_MATCH, r.etag)
+        """This version re-put unchanged, on condition that it is still the stored one.
+
+        Built once per version and reused by every write that carries it (a
+        Put is immutable, and no backend changes the tags it is given).
+        """
+        put: Put | None = self.__dict__.get("_guard")
+        if put is None:
+            r = self.record
+            put = Put(r.name, r.value, r.digest, r.etag, dict(r.tags), Mode.IF_MATCH, r.etag)
+            object.__setattr__(self, "_guard", put)  # a cache, not a field: equality and repr ignore it
+        return put
 
     def info(self, scope: str) -> LeaseInfo:
         return LeaseInfo(scope, self.owner, self.token, self.expires_ms / 1000, self.released)
@@ -395,7 +403,7 @@ def unleased_write_flow(
         if state is None and not puts:
             return (yield from write(site.partition, (), tuple(deletes)))
         guard = _vacant_put(site) if state is None else state.guard()
-        result: WriteResult = yield from write(site.partition, (guard, *puts), tuple(deletes))
+        result: WriteResult = yield WriteOp(site.partition, (guard, *puts), tuple(deletes))  # the hot path: no helper
         c = result.conflict
         if c is None:
             if state is None:

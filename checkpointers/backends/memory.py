@@ -34,7 +34,8 @@ class _Part:
     end), so iterating it, or ``reversed()`` of it, walks seq order; ``names``
     is kept sorted with ``bisect`` for name order and prefix ranges. Both make
     "newest N" and "prefix range" walks stop after N matches instead of
-    sorting the whole partition.
+    sorting the whole partition. :meth:`MemoryBackend.write` keeps both
+    itself (its hot loop); ``delete`` removes a record from both.
     """
 
     __slots__ = ("names", "raw", "records")
@@ -43,11 +44,6 @@ class _Part:
         self.raw = raw
         self.records: dict[str, Record] = {}
         self.names: list[str] = []
-
-    def put(self, record: Record) -> None:
-        if self.records.pop(record.name, None) is None:
-            bisect.insort(self.names, record.name)
-        self.records[record.name] = record
 
     def delete(self, name: str) -> None:
         if self.records.pop(name, None) is not None:

@@ -14,6 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,3 +86,57 @@ def test_a_scan_stopped_early_holds_no_read_snapshot(tmp_path: Path) -> None:
             busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         other.close()
         assert busy == 0, "a reader still holds a snapshot"
+
+
+def test_every_bound_and_limit_on_the_whole_tree_matches_the_memory_reference(sqlite_backend: SqliteBackend) -> None:
+    # all of _UNIVERSE at once, every start/stop of _BOUND's: a stop that extends a pick ("c/1/",
+    # "c/1-a", "c/1%b/a") must still bring that pick's children, which sort above the stop
+    reference = MemoryBackend()
+    puts = [make_put(n, n.encode()) for n in _UNIVERSE]
+    for b in (sqlite_backend, reference):
+        b.write(P, puts)
+    bounds = [None, "c/1", "c/1-a", "c/1/", "c/1/a/", "c/10", "c/2", "c/1%b/a", "c/1.c"]
+    for prefix in ("c/", "c/1", ""):
+        for depth in (0, 1):
+            for stop in bounds:
+                for start in (None, "c/1-a", "c/1/"):
+                    for descending in (False, True):
+                        for limit in (None, 1, 2):
+                            query = ListQuery(prefix=prefix, depth=depth, start=start, stop=stop,
+                                              descending=descending, limit=limit, children=True)
+                            got = sqlite_backend.list(P, query)
+                            assert [r.name for r in got] == [r.name for r in reference.list(P, query)], query
+
+
+def _steps(backend: SqliteBackend, query: ListQuery) -> int:
+    """SQLite virtual machine steps (in units of 10) that one listing takes on the read connection."""
+    conn = backend._idle[-1]
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, 10)
+    try:
+        backend.list(P, query)
+    finally:
+        conn.set_progress_handler(None, 0)
+    return count[0]
+
+
+@pytest.mark.parametrize("children", [False, True])
+def test_a_listing_before_a_name_does_not_walk_the_names_above_it(
+    sqlite_backend: SqliteBackend, children: bool
+) -> None:
+    # "before" and a prefix are two upper bounds on name: folded into one, the index range starts
+    # at "before" (SQLite ranges on one bound and checks the other row by row)
+    names = [f"c/x/{i:04d}" for i in range(400)]
+    sqlite_backend.write(P, [make_put(n, b"v") for n in names])
+
+    def before(name: str) -> ListQuery:
+        return ListQuery(prefix="c/x/", depth=0, descending=True, limit=1, stop=name, children=children)
+
+    assert [r.name for r in sqlite_backend.list(P, before(names[1]))] == [names[0]]
+    near_top, near_bottom = _steps(sqlite_backend, before(names[-1])), _steps(sqlite_backend, before(names[1]))
+    assert near_bottom < 2 * near_top + 10, (near_top, near_bottom)

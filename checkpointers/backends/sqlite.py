@@ -1278,23 +1278,31 @@ def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int,
     return sql + " LIMIT ?" if limited else sql
 
 
-def _range_params(query: ListQuery) -> tuple[_Ranges, list[Any]]:
-    """The shape of ``query``'s prefix, depth and start/stop filters, and their parameters (in that order)."""
-    params: list[Any] = []
-    upper = None
-    if query.prefix:
-        params.append(query.prefix)
-        upper = _prefix_upper_bound(query.prefix)
-        if upper is not None:
-            params.append(upper)
-    if query.depth is not None:  # the '/' in the name: the prefix's own plus ``depth``
-        params.append(query.prefix.count("/") + query.depth)
-    for bound in (query.start, query.stop):
+def _range_params(query: ListQuery, depth: bool = True) -> tuple[_Ranges, list[Any]]:
+    """The shape of ``query``'s prefix, depth and start/stop filters, and their parameters (in that order).
+
+    In name order, a ``start`` or ``stop`` name is folded into the prefix's
+    bounds (``max(prefix, start)``, ``min(upper, stop)``): one bound a side.
+    Given two upper bounds, SQLite ranges the index on one and checks the
+    other row by row, so ``list(before=...)`` walked every record above
+    ``before``. ``depth=False`` leaves the depth filter out (:func:`_scan_children`).
+    """
+    start, stop = query.start, query.stop
+    lower: str | None = query.prefix or None
+    upper = _prefix_upper_bound(query.prefix) if query.prefix else None
+    if query.order == "name":
+        if type(start) is str:
+            lower, start = start if lower is None else max(lower, start), None
+        if type(stop) is str:
+            upper, stop = stop if upper is None else min(upper, stop), None
+    params: list[Any] = [b for b in (lower, upper) if b is not None]
+    counted = depth and query.depth is not None
+    if counted:  # the '/' in the name: the prefix's own plus ``depth``
+        params.append(query.prefix.count("/") + (query.depth or 0))
+    for bound in (start, stop):
         if bound is not None:
             params.append(bound)
-    shape = (
-        bool(query.prefix), upper is not None, query.depth is not None, query.start is not None, query.stop is not None
-    )
+    shape = (lower is not None, upper is not None, counted, start is not None, stop is not None)
     return shape, params
 
 
@@ -1317,7 +1325,12 @@ def _range_sql(alias: str, order: str, shape: _Ranges) -> tuple[str, ...]:
 
 
 def _scans(query: ListQuery) -> bool:
-    """Whether ``query`` is read by :func:`_scan_children`: picks in name order with children, no tags, no stop."""
+    """Whether ``query`` is read by :func:`_scan_children`: picks in name order with children, no tags, no stop.
+
+    (With a ``stop``, the children of a pick that ``stop`` extends sort above
+    it, and a checkpoint id's ``-`` makes every id prefix such a candidate:
+    :func:`_with_children_sql` joins each pick's children instead.)
+    """
     return query.children and query.order == "name" and not query.tags and query.stop is None
 
 
@@ -1343,17 +1356,10 @@ def _scan_children(conn: sqlite3.Connection, pkey: str, query: ListQuery) -> lis
     "The newest checkpoint and its writes" reads just those rows, with no
     subquery, join or sort. Only the rows returned are decoded.
     """
-    upper = _prefix_upper_bound(query.prefix) if query.prefix else None
-    params: list[Any] = [pkey]
-    if query.prefix:
-        params.append(query.prefix)
-        if upper is not None:
-            params.append(upper)
-    if query.start is not None:
-        params.append(query.start)
-    shape = (bool(query.prefix), upper is not None, False, query.start is not None, False)
-    descending, limit = query.descending, query.limit
     depth = query.prefix.count("/") + (query.depth or 0)
+    shape, bounds = _range_params(query, depth=False)
+    params: list[Any] = [pkey, *bounds]
+    descending, limit = query.descending, query.limit
     picks: dict[str, Sequence[Any]] = {}  # in scan order: the query's
     kids: dict[str, list[Sequence[Any]]] = {}  # by pick name, in scan order
     up = ""  # ascending: the names of every pick's children are below it

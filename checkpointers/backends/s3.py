@@ -76,8 +76,12 @@ that it is all-or-nothing for every reader, also under ``kill -9``:
    second collect of every listing adds 38% to a LangGraph run's
    requests). Only such records that no LIST before the first GET named (a
    streaming listing's later pages) are collected twice. A tag-index
-   listing (records found through index entries, not listed) still trusts
-   them.
+   listing finds records through index entries, which are written before
+   their records: a selected record whose own entry its LIST did not name
+   was written during the listing, which is repeated (a record whose tags
+   changed so that the listing no longer selects it is not dated; nor a
+   record whose writer does not index that tag: it repeats the listing
+   until the read timeout, so keep ``indexed_tags`` the same on every writer).
 3. A batch with **several** other operations, all CREATE/APPEND (the
    LangGraph saver's ``put_writes``), is **optimistic** (the protocol of
    both multi-record ways, its states and their transitions are in
@@ -587,10 +591,15 @@ class _Taken:
     objs: tuple[Obj, ...] = ()
     stale: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()  #: names GET and found absent
+    moved: bool = False  #: a record was written since the listing listed its index entries (see ``_take``)
 
     def __add__(self, other: _Taken) -> _Taken:
         return _Taken(
-            self.records + other.records, self.objs + other.objs, self.stale + other.stale, self.absent + other.absent
+            self.records + other.records,
+            self.objs + other.objs,
+            self.stale + other.stale,
+            self.absent + other.absent,
+            self.moved or other.moved,
         )
 
 
@@ -1112,7 +1121,7 @@ class S3Backend(Backend):
 
     def _list_indexed(
         self, keys: _Layout, q: ListQuery, tag: str, hidden: frozenset[str]
-    ) -> _Found:
+    ) -> _Listed:
         """A seq-ordered listing of the records tagged ``tag=q.tags[tag]``, through the tag index.
 
         Entries are listed newest first (their keys hold the inverted seq);
@@ -1120,6 +1129,11 @@ class S3Backend(Backend):
         that seq: entries of records since rewritten, deleted, or never
         written (a crash after the entry) are skipped, and deleted once
         older than ``lease``. Newest-N costs one LIST plus about N GETs.
+
+        A record read through an entry of another seq that the query selects
+        and whose own entry (written before it) was not listed where the
+        listing covered it was written during the listing: ``moved``, the
+        listing is repeated (see :meth:`_same`).
         """
         streaming = q.descending and q.limit is not None
         taken = _Taken()
@@ -1127,18 +1141,22 @@ class S3Backend(Backend):
         for batch in self._entry_pages(keys, q, tag, streaming):
             entries.extend(batch)
             if streaming:
-                taken += self._take(keys, batch, q, hidden, have=len(taken.records), indexed=True, ordered=True)
+                listed = {(e[2], e[1]) for e in entries}
+                taken += self._take(
+                    keys, batch, q, hidden, have=len(taken.records), indexed=True, ordered=True, listed=listed
+                )
                 if q.limit is not None and len(taken.records) >= q.limit:
                     break
         if not streaming:
             if not q.descending:
                 entries.reverse()
-            taken = self._take(keys, entries, q, hidden, indexed=True, ordered=True)
+            listed = {(e[2], e[1]) for e in entries}
+            taken = self._take(keys, entries, q, hidden, indexed=True, ordered=True, listed=listed, every=True)
         if taken.stale:
             self._delete_keys(list(taken.stale))
         out = list(taken.records[: q.limit] if q.limit is not None else taken.records)
         records, kids, gone = self._with_children(keys, q, out, hidden, None)
-        return records, [*taken.objs, *kids], [*taken.absent, *gone]
+        return _Listed(records, [*taken.objs, *kids], [*taken.absent, *gone], taken.moved)
 
     def _entry_pages(self, keys: _Layout, q: ListQuery, tag: str, streaming: bool) -> Iterator[builtins.list[_Entry]]:
         """The index entries of ``tag`` under the query's prefix, depth and seq range, one LIST page at a time."""
@@ -1176,7 +1194,7 @@ class S3Backend(Backend):
         if q.order == "seq":
             tag = next((k for k in q.tags if k in self.indexed_tags), None)
             if tag is not None:
-                return _Listed(*self._list_indexed(keys, q, tag, hidden))
+                return self._list_indexed(keys, q, tag, hidden)
         by_name = q.order == "name"
         streaming = by_name and q.descending and q.limit is not None
         taken = _Taken()
@@ -1309,17 +1327,24 @@ class S3Backend(Backend):
         have: int = 0,
         indexed: bool = False,
         ordered: bool,
+        listed: set[tuple[str, int]] | None = None,
+        every: bool = False,
     ) -> _Taken:
         """GET the records of ``entries`` in order, in parallel chunks, until ``q.limit`` records
         passed counting the ``have`` already taken (when ``ordered``).
 
         With ``indexed`` (index entries), a record counts only if its seq is
         the entry's; expired entries that do not match are returned as stale.
+        ``listed``: the (name, seq) of every entry listed so far, the whole
+        seq range of the query with ``every``, else the seqs down to the
+        entry's (newest first). A record the query selects whose own entry
+        is not among them there was written after that LIST: ``moved``.
         """
         records: builtins.list[Record] = []
         objs: builtins.list[Obj] = []
         stale: builtins.list[str] = []
         absent: builtins.list[str] = []
+        moved = False
         pos = 0
         while pos < len(entries) and not (ordered and q.limit is not None and have + len(records) >= q.limit):
             left = None if not ordered or q.limit is None else q.limit - have - len(records)
@@ -1337,10 +1362,12 @@ class S3Backend(Backend):
                 if indexed and (record is None or record.seq != seq):
                     if self._expired(seq):
                         stale.append(key)
+                    if record is not None and listed is not None and (every or record.seq > seq):
+                        moved = moved or ((name, record.seq) not in listed and q.matches(record))
                     continue
                 if record is not None and q.matches(record):
                     records.append(record)
-        return _Taken(tuple(records), tuple(objs), tuple(stale), tuple(absent))
+        return _Taken(tuple(records), tuple(objs), tuple(stale), tuple(absent), moved)
 
     # -- partitions ------------------------------------------------------------
 

@@ -70,8 +70,9 @@ class LeaseRegistry:
         self.clock = clock
         self.unleased = unleased
         self.site_of = site_of
-        #: Lease record versions seen nobody holding, for unleased writes (see :class:`LeaseMemo`).
-        self.memo = LeaseMemo()
+        #: Lease record versions seen nobody holding, for unleased writes (see :class:`LeaseMemo`; None:
+        #: the backend's unleased writes read the lease record first).
+        self.memo = LeaseMemo.for_backend(backend)
         self._held: dict[Partition, HeldLease] = {}
         self._sites: dict[str, LeaseSite] = {}  # site_of's answers by partition key (bounded: _SITES)
         self._lock = threading.Lock()
@@ -109,7 +110,7 @@ class LeaseRegistry:
             if len(self._sites) >= _SITES:
                 self._sites.clear()  # a bound, not an LRU: a site is cheap to build again
             site = self._sites[p.key] = site_of(p)
-        if self.backend.inline_conditions:  # what guarded_write_flow does with a memo, one generator less per write
+        if self.memo is not None:  # what guarded_write_flow does with a memo, one generator less per write
             return unleased_write_flow(site, puts, deletes, clock=self.clock, memo=self.memo)
         return guarded_write_flow(site, None, puts, deletes, clock=self.clock)
 

@@ -379,7 +379,7 @@ class Journal:
         self.site = site or LeaseSite(integrity, partition, self.label)
         self.clock = clock
         refuse = unleased == "refuse"
-        memo = LeaseMemo() if backend.inline_conditions else None  # no lease read per write (see leases)
+        memo = LeaseMemo.for_backend(backend)  # no lease read per write where the backend allows (see leases)
         self._writer: Writer = writer or (
             lambda puts, lease: guarded_write_flow(
                 self.site, lease, puts, (), clock=clock, refuse_unleased=refuse, memo=memo

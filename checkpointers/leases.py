@@ -357,6 +357,16 @@ class LeaseMemo:
         self._states: dict[tuple[str, str], LeaseState] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_backend(cls, backend: Backend) -> LeaseMemo | None:
+        """A memo for writes without a lease on ``backend``, or None where they read the lease record first.
+
+        Only a backend whose batches take one more condition at no cost
+        (``Backend.inline_conditions``) gets one: what each face passes to
+        :func:`guarded_write_flow` as its ``memo``.
+        """
+        return cls() if backend.inline_conditions else None
+
     def get(self, site: LeaseSite) -> LeaseState | None:
         """The version last seen at ``site``, or None."""
         return self._states.get((site.partition.key, site.name))

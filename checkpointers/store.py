@@ -318,8 +318,9 @@ class Store:
         self.integrity = integrity or Integrity(integrity_key, accept_unsealed=accept_unsealed)
         self.clock = clock
         self.unleased: Literal["refuse", "allow"] = unleased
-        #: Lease record versions seen nobody holding (shared by the views): see :class:`LeaseMemo`.
-        self.lease_memo = LeaseMemo()
+        #: Lease record versions seen nobody holding (shared by the views; None: the backend reads the
+        #: lease record first): see :class:`LeaseMemo`.
+        self.lease_memo = LeaseMemo.for_backend(backend)
 
     def for_user(self, user: str) -> Store:
         """A view of the same backend bound to ``user`` (shares connections and integrity keys)."""
@@ -359,10 +360,8 @@ class Store:
         self, site: LeaseSite, puts: list[Put], deletes: list[Delete], lease: Lease | None
     ) -> Flow[WriteResult]:
         """One atomic batch, fenced by ``lease`` (or checked for no other holder); see :mod:`.leases`."""
-        memo = self.lease_memo if self.backend.inline_conditions else None
-        return guarded_write_flow(
-            site, lease, puts, deletes, clock=self.clock, refuse_unleased=self.unleased == "refuse", memo=memo
-        )
+        refuse, memo = self.unleased == "refuse", self.lease_memo
+        return guarded_write_flow(site, lease, puts, deletes, clock=self.clock, refuse_unleased=refuse, memo=memo)
 
     def _get_flow(self, scope: str, key: str) -> Flow[Item | None]:
         validate_scope(scope)

@@ -197,8 +197,8 @@ def _legacy_sweep(x_key: str, t_key: str, names: Iterable[str]) -> list[Command]
     ``[A/`` .. ``(A/|`` holds exactly the members under ``A/`` but not of
     ``A/`` itself (a name byte after ``A/`` sorts below ``|``: encoded
     components are ``[A-Za-z0-9_%-]``). A range with nothing left costs one
-    lookup. (The write script still clears the whole partition's members on
-    every write too; this makes that line redundant.)"""
+    lookup. (The write script does not sweep them: members an older release
+    adds later are never read, and go at the next backend's first write.)"""
     families = {a for name in names for a in _ancestors(name)}
     sweep: list[Command] = [("ZREMRANGEBYLEX", x_key, "[|", "(}"), ("ZREMRANGEBYLEX", t_key, "[s", "(t")]
     return sweep + [("ZREMRANGEBYLEX", x_key, f"[{a}", f"({a}|") for a in sorted(families)]

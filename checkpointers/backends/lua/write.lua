@@ -180,10 +180,6 @@ for j = 0, nd - 1 do
   end
 end
 apply("ZREM", x, x_old)
--- members of the whole partition's seq index ("|<seq16>|<name>"), which
--- records written before it was dropped still have: gone at the first write
--- (one lookup when there are none)
-redis.call("ZREMRANGEBYLEX", x, "[|", "(}")
 apply("ZREM", t, t_old)
 local n_old = {}
 for j = 0, nd - 1 do

@@ -557,6 +557,8 @@ def writes_queries(checkpoints: Sequence[CheckpointRecord], listed: Mapping[str,
     formats 1 and 2); for more than :data:`_PER_CHECKPOINT_LISTINGS`
     checkpoints of one namespace, one listing of the namespace's writes.
     """
+    if all(s.name in listed and s.format >= _CHILD_WRITES for s in checkpoints):
+        return []  # nearly always: every checkpoint listed with its children
     by_ns: dict[str, list[CheckpointRecord]] = {}
     for s in checkpoints:
         by_ns.setdefault(s.ns, []).append(s)
@@ -704,6 +706,9 @@ def list_floor(cids: Iterable[str], limit: int | None) -> str | None:
     ranked = sorted(cids, reverse=True)
     return ranked[limit - 1] if len(ranked) >= limit else None
 
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
 def list_newest(
     found: Mapping[tuple[int, str], CheckpointRecord], limit: int | None
 ) -> list[tuple[int, CheckpointRecord]]:
@@ -712,8 +717,8 @@ def list_newest(
     Highest checkpoint id first; equal ids (one id in two namespaces or
     threads) in thread order, then in descending name order.
     """
-    keys = sorted(found, key=lambda k: k[1], reverse=True)
-    keys.sort(key=lambda k: k[0])
+    keys = sorted(found, key=_SECOND, reverse=True)
+    keys.sort(key=_FIRST)
     keys.sort(key=lambda k: found[k].cid, reverse=True)
     return [(k[0], found[k]) for k in keys[:limit]]
 
@@ -737,7 +742,7 @@ class ListSelection:
             (self.ns is None or s.ns == self.ns)
             and (not self.cid or s.cid == self.cid)
             and (not self.before or s.cid < self.before)
-            and matches(s.metadata, self.flt)
+            and (not self.flt or matches(s.metadata, self.flt))
         )
 
 
@@ -824,6 +829,11 @@ class _Lazy:
         return self._made
 
     __call__ = __str__
+
+
+#: What :meth:`CheckpointLayout._payload` returns when the record is to be loaded with its label.
+_SLOW: Any = object()
+
 #: At most this many records, and this many bytes of their values, in a :class:`VerifiedRecords`.
 _VERIFIED_SIZE = 4096
 _VERIFIED_BYTES = 16 * 1024 * 1024
@@ -831,6 +841,14 @@ _VERIFIED_BYTES = 16 * 1024 * 1024
 
 def _channel_label(channel: str, cid: str, subject: Label) -> Label:
     return lambda: f"channel {channel!r} of checkpoint {cid!r} of {_text(subject)}"
+
+
+def _record_label(kind: str, record: Record, p: Partition) -> Label:
+    return lambda: f"{kind} {record.name!r} of thread {p.name!r}"
+
+
+def _write_label(record: Record, subject: Label) -> Label:
+    return lambda: f"write {record.name!r} of {_text(subject)}"
 
 
 def _value_label(channel: str, subject: Callable[[], str]) -> Label:
@@ -926,16 +944,16 @@ class CheckpointLayout:
     parents: ParentChannels = field(default_factory=ParentChannels)
     writer: BatchWriter | None = None
     verified: VerifiedRecords = field(default_factory=lambda: VerifiedRecords())
-    #: ``serde.loads_msgpack`` (and ``loads_msgpack_all``) when ``serde`` is a :class:`SafeSerializer`
-    #: decoding as it does, else None.
+    #: ``serde.loads_msgpack`` when ``serde`` is a :class:`SafeSerializer` decoding as it does, else None.
     _msgpack: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
-    _many: Callable[[Iterable[bytes]], list[Any]] | None = field(init=False, repr=False, compare=False, default=None)
+    #: ``serde.msgpack_decoder()`` then (see :meth:`_payload`), else None.
+    _fast: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         serde = self.serde
         if isinstance(serde, SafeSerializer) and type(serde).loads_typed is SafeSerializer.loads_typed:
             object.__setattr__(self, "_msgpack", serde.loads_msgpack)
-            object.__setattr__(self, "_many", serde.loads_msgpack_all)
+            object.__setattr__(self, "_fast", serde.msgpack_decoder())
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
         """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`.
@@ -993,21 +1011,41 @@ class CheckpointLayout:
         Any failure decodes them one by one again, so the error names its channel.
         """
         inline = s.inline
-        many = self._many
-        if many is not None:
-            bodies = [data[8:] for data in inline.values() if data.startswith(_MSGPACK_FRAME)]
-            if len(bodies) == len(inline):
-                try:
-                    return dict(zip(inline, many(bodies), strict=True))
-                except Exception:  # noqa: BLE001, S110 - decoded again below, one by one, to name the channel
-                    pass
+        fast = self._fast
+        if fast is not None:
+            values: dict[str, Any] = {}
+            try:
+                for ch, data in inline.items():
+                    if not data.startswith(_MSGPACK_FRAME):
+                        break
+                    values[ch] = fast(data[8:])
+                else:
+                    return values
+            except Exception:  # noqa: BLE001, S110 - decoded again below, one by one, to name the channel
+                pass
         return {ch: self._loads(_channel_label(ch, s.cid, subject), data) for ch, data in inline.items()}
 
-    def _decode_checkpoint(self, p: Partition, record: Record) -> CheckpointRecord:
-        def label() -> str:
-            return f"checkpoint record {record.name!r} of thread {p.name!r}"
+    def _payload(self, p: Partition, record: Record) -> Any:
+        """``_load`` of a record with msgpack bytes, in one frame and with no label built, or :data:`_SLOW`.
 
-        payload = self._load(p, label, record)
+        :data:`_SLOW` when the record is not such a record, or its check or
+        decoding failed: the caller loads it again with :meth:`_load` and
+        its label, which raises the error naming it (both are deterministic).
+        """
+        fast = self._fast
+        data = record.value
+        if fast is None or type(data) is not bytes or not data.startswith(_MSGPACK_FRAME):
+            return _SLOW
+        try:
+            self.verified.check(self.integrity, p, record, record.name)
+            return fast(data[8:])
+        except Exception:  # noqa: BLE001 - loaded again by the caller, with its label, to raise the error
+            return _SLOW
+
+    def _decode_checkpoint(self, p: Partition, record: Record) -> CheckpointRecord:
+        payload = self._payload(p, record)
+        if payload is _SLOW:
+            payload = self._load(p, _record_label("checkpoint record", record, p), record)
         try:
             if payload["v"] not in _FORMATS:
                 raise ValueError(f"unknown record format {payload['v']!r}")
@@ -1023,7 +1061,8 @@ class CheckpointLayout:
                 payload["v"],
             )
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptItemError(label(), f"unexpected layout ({exc!r})") from exc
+            label = _record_label("checkpoint record", record, p)
+            raise CorruptItemError(_text(label), f"unexpected layout ({exc!r})") from exc
 
     # -- put ----------------------------------------------------------------
 
@@ -1245,10 +1284,9 @@ class CheckpointLayout:
         Reads both layouts: a packed record (``w``: ``[idx, channel, value]``
         each) and the earlier one-write record.
         """
-        def label() -> str:
-            return f"write {rec.name!r} of {_text(subject)}"
-
-        payload = self._load(p, label, rec)
+        payload = self._payload(p, rec)
+        if payload is _SLOW:
+            payload = self._load(p, _write_label(rec, subject), rec)
         try:
             if "w" not in payload:  # written by 0.1: one write per record
                 return [
@@ -1256,7 +1294,7 @@ class CheckpointLayout:
                 ]
             return [(payload["task_path"], payload["task_id"], idx, ch, value) for idx, ch, value in payload["w"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptItemError(label(), f"unexpected layout ({exc!r})") from exc
+            raise CorruptItemError(_text(_write_label(rec, subject)), f"unexpected layout ({exc!r})") from exc
 
     # -- read -----------------------------------------------------------------
 
@@ -1332,13 +1370,20 @@ class CheckpointLayout:
         """
         pending: list[PendingWrite] = []
         if writes:
-            found = [w for rec in writes for w in self._pending(p, rec, subject)]
-            found.sort(key=_WRITES_ORDER)
+            if len(writes) == 1:  # nearly always: one put_writes call per checkpoint
+                found = self._pending(p, writes[0], subject)
+            else:
+                found = [w for rec in writes for w in self._pending(p, rec, subject)]
+            if len(found) > 1:
+                found.sort(key=_WRITES_ORDER)
             pending = [(w[1], w[3], w[4]) for w in found]
         channel_values = {ch: values[d] for ch, d in s.blobs.items()} if s.blobs else {}
         if s.inline:
             channel_values.update(self._inline_values(s, subject))
-        checkpoint: Any = {**s.checkpoint, "channel_values": channel_values}
+        # ``s`` was decoded for this call alone (each call decodes the bytes it read):
+        # its checkpoint dict is completed in place, not copied.
+        checkpoint: Any = s.checkpoint
+        checkpoint["channel_values"] = channel_values
         metadata: Any = s.metadata
         return LoadedCheckpoint(p.name, s.ns, s.cid, s.parent, checkpoint, metadata, pending)
 
@@ -1509,18 +1554,22 @@ class CheckpointLayout:
         picks, last = 0, None
         depth, start = q.depth, len(q.prefix)  # q.at_depth, inline: one test per record
         kids: list[Record] | None = None  # the last pick's children (its writes), when listed
+        with_kids = listed.setdefault(thread, {}) if q.children else None
+        decode, keeps = self._decode_checkpoint, selection.keeps
         for rec in recs:
-            if depth is not None and rec.name.count("/", start) != depth:
+            name = rec.name
+            if depth is not None and name.count("/", start) != depth:
                 if kids is not None:
                     kids.append(rec)
                 continue
             picks += 1
-            s = self._decode_checkpoint(p, rec)
-            last = (rec.name, s.cid)
-            if (thread, rec.name) not in found and selection.keeps(s):
-                found[(thread, rec.name)] = s
-            if q.children:
-                kids = listed.setdefault(thread, {})[rec.name] = []
+            s = decode(p, rec)
+            last = (name, s.cid)
+            key = (thread, name)
+            if key not in found and keeps(s):
+                found[key] = s
+            if with_kids is not None:
+                kids = with_kids[name] = []
         return picks, last
 
     def _load_picked_flow(

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -244,16 +245,15 @@ class SafeSerializer(JsonPlusSerializer):
             self._raise_blocked()
             raise
 
-    def loads_msgpack_all(self, frames: Iterable[bytes]) -> list[Any]:
-        """:meth:`loads_msgpack` of each of ``frames``, in one call (the inline values of a checkpoint)."""
-        blocked = self._blocked
-        blocked.type = blocked.unknown = None
-        hook = self._unpack_ext_hook
-        try:
-            return [ormsgpack.unpackb(data, ext_hook=hook, option=_NON_STR_KEYS) for data in frames]
-        except Exception:
-            self._raise_blocked()
-            raise
+    def msgpack_decoder(self) -> Callable[[bytes], Any]:
+        """The decoding :meth:`loads_msgpack` does, as one C call, for a caller that retries failures.
+
+        It neither resets nor reads the record of what the hook blocked, so a
+        failure raises an undescriptive error: call :meth:`loads_msgpack` on
+        the same bytes then (it resets first, and raises the error that
+        names the blocked type). A success decodes exactly as it does.
+        """
+        return functools.partial(ormsgpack.unpackb, ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
 
     def _raise_blocked(self) -> None:
         """In a failed decode: raise the error naming the blocked type or unknown extension, if the hook met one."""

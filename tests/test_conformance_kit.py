@@ -154,8 +154,9 @@ async def test_a_store_that_does_not_bind_records_to_their_place_fails() -> None
 class ConfigWinsCheckpointer(Checkpointer):
     """A saver whose config's user_id overrides the view's binding (checkpointers 0.1 did this)."""
 
-    def _user(self, config):  # type: ignore[no-untyped-def]
-        configured = self._conf(config).get("user_id") if config else None
+    def _user_of(self, conf):  # type: ignore[no-untyped-def]
+        # Every call resolves its user here, from the config's configurable section.
+        configured = conf.get("user_id") if conf else None
         return configured if configured is not None else (self.user or "")
 
 

@@ -602,6 +602,11 @@ def list_starts(
     (see :func:`list_next`), and it lists children (a pick's writes) only
     when :meth:`CheckpointLayout._load_flow` would otherwise list a whole namespace's writes.
     """
+    plain = not flt and not before  # nearly every call: the same few walks, remembered (ListQuery is immutable)
+    if plain:
+        hit = _STARTS.get((ns, limit))
+        if hit is not None:
+            return list(hit)
     if ns is None:
         prefix, depth, stop = _CKPT, _CKPT_DEPTH, None
     else:
@@ -613,7 +618,13 @@ def list_starts(
         children = limit is not None and (not sifted or limit > _PER_CHECKPOINT_LISTINGS)
         walk = ListQuery(prefix=prefix, descending=True, tags=q.tags, depth=depth, children=children)
         out.append((walk, sifted, stop))
+    if plain and len(_STARTS) < _LATEST_KEPT:  # bounded, as _LATEST
+        _STARTS[(ns, limit)] = tuple(out)
     return out
+
+
+#: :func:`list_starts` without a filter or ``before``, by (namespace, limit), at most :data:`_LATEST_KEPT`.
+_STARTS: dict[tuple[str | None, int | None], tuple[tuple[ListQuery, bool, str | None], ...]] = {}
 
 def list_query(walk: ListQuery, stop: str | None, limit: int | None) -> ListQuery:
     """The listing of ``walk``'s records below ``stop``, at most ``limit``.
@@ -1315,7 +1326,7 @@ class CheckpointLayout:
         s = self._decode_checkpoint(p, rec)
         kids = recs[1:]  # one pick (limit=1): the rest are its children, its writes
         if not s.blobs and s.format >= _CHILD_WRITES:  # everything is read already
-            return self._assemble(p, s, {}, kids, _Lazy(lambda: f"thread {p.name!r}"))
+            return self._assemble(p, s, {}, kids, lambda: f"thread {p.name!r}")
         loaded = yield from self._load_flow(p, [s], {rec.name: kids})
         return loaded[0]
 
@@ -1377,9 +1388,12 @@ class CheckpointLayout:
             if len(found) > 1:
                 found.sort(key=_WRITES_ORDER)
             pending = [(w[1], w[3], w[4]) for w in found]
-        channel_values = {ch: values[d] for ch, d in s.blobs.items()} if s.blobs else {}
-        if s.inline:
-            channel_values.update(self._inline_values(s, subject))
+        if not s.blobs:
+            channel_values = self._inline_values(s, subject) if s.inline else {}
+        else:
+            channel_values = {ch: values[d] for ch, d in s.blobs.items()}
+            if s.inline:
+                channel_values.update(self._inline_values(s, subject))
         # ``s`` was decoded for this call alone (each call decodes the bytes it read):
         # its checkpoint dict is completed in place, not copied.
         checkpoint: Any = s.checkpoint
@@ -1587,6 +1601,8 @@ class CheckpointLayout:
             mine = listed.get(i, {})
             with_writes = {s.name: mine[s.name] for s in group if s.name in mine}
             done = yield from self._load_flow(parts[i], group, with_writes)
+            if len(groups) == 1:  # one thread: its group is ``picked``, in order
+                return done
             for s, f in zip(group, done, strict=True):
                 loaded[(i, s.name)] = f
         return [loaded[(i, s.name)] for i, s in picked]

@@ -224,12 +224,18 @@ def test_verify_finds_records_damaged_in_redis(
     p = Partition(USER, "langgraph", "thread-1")
     client = redis.Redis.from_url(url.split("?")[0])
     key = f"{prefix}:{{{p.key}}}:r"
-    names = sorted(f.decode()[2:] for f in client.hkeys(key) if f.startswith(b"v:"))
+    names = sorted(f.decode()[2:] for f in client.hkeys(key) if f.startswith(b"m:"))
     checkpoint = [n for n in names if kind_of(n).kind == "checkpoint"][0]
     blob = [n for n in names if kind_of(n).kind == "blob"][0]
     assert "lease" in names  # the vacant lease record an unleased write keeps: checked like the rest
     for name in (checkpoint, blob, "lease"):
-        client.hset(key, f"v:{name}", _flip(client.hget(key, f"v:{name}")))
+        value = client.hget(key, f"v:{name}")
+        if value is not None:  # a value in its own field (a staged blob)
+            client.hset(key, f"v:{name}", _flip(value))
+        else:  # a small value, inline: after the metadata's five lines and the flag byte
+            meta = client.hget(key, f"m:{name}")
+            head, inline = meta.split(b"\n", 5)[:5], meta.split(b"\n", 5)[5]
+            client.hset(key, f"m:{name}", b"\n".join(head) + b"\n" + inline[:1] + _flip(inline[1:]))
     client.close()
     code, report = run(capsys, "verify", url, "--user", USER)
     assert code == EXIT_DAMAGED

@@ -32,6 +32,7 @@ from checkpointers._names import Partition, encode_component
 from checkpointers.backends.base import Delete, ListQuery, Mode, Put, WriteResult
 from checkpointers.backends.memory import MemoryBackend
 from checkpointers.backends.redis import (
+    _INLINE_MAX,
     DRIVER_ERRORS,
     RedisBackend,
     _Call,
@@ -1013,13 +1014,34 @@ READERS: dict[str, tuple[str, object]] = {
 }
 
 
-def _damage_partition(b: RedisBackend) -> Partition:
+def _damage_partition(b: RedisBackend, layout: str = "inline") -> Partition:
+    """``layout="fields"``: every record rewritten as records were stored before
+    values went inline (the value in its own "v:<name>" field)."""
     p = Partition("dmg", "items", "s-" + uuid.uuid4().hex[:8])
     # PICK and CHILD are large enough to be stored compressed, "c/b" raw
     puts = [make_put(PICK, LARGE_A, tags={"k": "v"}), make_put(CHILD, LARGE_W), make_put("c/b", b"B", tags={"k": "v"})]
     puts += [make_put(f"c/f{i}", b"F") for i in range(5)]  # so that "c/a" in seq order takes the sorting path
     assert b.write(p, puts).conflict is None
+    if layout == "fields":
+        _to_fields(raw_client(b), b.keys_of(p)[0])
     return p
+
+
+def _split_inline(meta: bytes) -> tuple[bytes, bytes, bytes]:
+    """A stored metadata field as (the five metadata lines, its last line's flag, the inline value)."""
+    head = meta.split(b"\n", 5)
+    if len(head) < 6:
+        return meta, b"", b""
+    return b"\n".join(head[:5]), head[5][:1], head[5][1:]
+
+
+def _to_fields(c: redis.Redis, r: str) -> None:
+    """Every inline record of hash ``r`` rewritten in the earlier layout: its
+    value in "v:<name>", its metadata ending with "\\nz" when compressed."""
+    for field, meta in c.hgetall(r).items():
+        head, flag, value = _split_inline(meta)
+        if field.startswith(b"m:") and flag in (b"=", b"~"):
+            c.hset(r, mapping={field: head + (b"\nz" if flag == b"~" else b""), b"v:" + field[2:]: value})
 
 
 def _sync_read(b: RedisBackend, p: Partition, reader: tuple[str, object], many: bool) -> object:
@@ -1073,21 +1095,47 @@ def _meta(fix):  # noqa: ANN001, ANN202
     """A damage that rewrites the metadata's fields [seq, etag, digest, pairs, tags] with ``fix``."""
 
     def damage(c: redis.Redis, keys: list[str], name: str) -> None:
-        meta = c.hget(keys[0], f"m:{name}")
-        flag = b"\nz" if meta.endswith(b"\nz") else b""  # a compressed value's: kept
-        fields = meta[: len(meta) - len(flag)].split(b"\n", 4)
-        c.hset(keys[0], f"m:{name}", fix(fields) + flag)
+        head, flag, value = _split_inline(c.hget(keys[0], f"m:{name}"))
+        tail = b"\n" + flag + value if flag else b""  # the last line ("z", or an inline value): kept
+        c.hset(keys[0], f"m:{name}", fix(head.split(b"\n", 4)) + tail)
 
     return damage
 
 
 def _swap_fields(c: redis.Redis, keys: list[str], name: str) -> None:
     meta, value = c.hmget(keys[0], [f"m:{name}", f"v:{name}"])
+    if value is None:  # inline: the value bytes become the metadata, the metadata a value field
+        value = _split_inline(meta)[2]
     c.hset(keys[0], mapping={f"m:{name}": value, f"v:{name}": meta})
 
 
+def _set_value(stored: bytes):  # noqa: ANN202
+    """A damage storing ``stored`` as the record's compressed value (inline, or in its field)."""
+
+    def damage(c: redis.Redis, keys: list[str], name: str) -> None:
+        head, flag, _ = _split_inline(c.hget(keys[0], f"m:{name}"))
+        if flag == b"~":
+            c.hset(keys[0], f"m:{name}", head + b"\n~" + stored)
+        else:
+            assert flag == b"z"
+            c.hset(keys[0], f"v:{name}", stored)
+
+    return damage
+
+
+def _drop_value(c: redis.Redis, keys: list[str], name: str) -> None:
+    head, flag, _ = _split_inline(c.hget(keys[0], f"m:{name}"))
+    if flag in (b"=", b"~"):  # inline: metadata alone, saying the value is in its field
+        c.hset(keys[0], f"m:{name}", head)
+    c.hdel(keys[0], f"v:{name}")
+
+
 def _cut_value(c: redis.Redis, keys: list[str], name: str) -> None:
-    c.hset(keys[0], f"v:{name}", c.hget(keys[0], f"v:{name}")[:-4])
+    head, flag, value = _split_inline(c.hget(keys[0], f"m:{name}"))
+    if flag == b"~":
+        c.hset(keys[0], f"m:{name}", head + b"\n~" + value[:-4])
+    else:
+        c.hset(keys[0], f"v:{name}", c.hget(keys[0], f"v:{name}")[:-4])
 
 
 #: name -> (damage, whether only reads of the value notice it)
@@ -1111,20 +1159,25 @@ RECORD_DAMAGE = {
     "tags JSON nested 100,000 deep": (_meta(lambda f: b"\n".join([*f[:4], b'{"k":' + b"[" * 100_000])), False),
     "tags JSON with trailing bytes": (_meta(lambda f: b"\n".join([*f[:4], f[4] + b"\nx"])), False),
     "metadata and value swapped": (_swap_fields, False),
-    "value missing": (lambda c, keys, name: c.hdel(keys[0], f"v:{name}"), True),
+    "last line neither z nor an inline value": (_meta(lambda f: b"\n".join([*f, b"q"])), False),
+    "value missing": (_drop_value, True),
     "compressed value cut short": (_cut_value, True),
-    "compressed value not zlib": (lambda c, keys, name: c.hset(keys[0], f"v:{name}", b"not zlib at all"), True),
+    "compressed value not zlib": (_set_value(b"not zlib at all"), True),
     # ~10 KB that would inflate to 50 MB: refused past 256x its stored size, never inflated whole
-    "compressed value a zip bomb": (
-        lambda c, keys, name: c.hset(keys[0], f"v:{name}", zlib.compress(b"\0" * 50_000_000, 9)), True),
+    "compressed value a zip bomb": (_set_value(zlib.compress(b"\0" * 50_000_000, 9)), True),
 }
 
 
+@pytest.mark.parametrize("layout", ["inline", "fields"])
 @pytest.mark.parametrize("target", [PICK, CHILD])
 @pytest.mark.parametrize("damage", list(RECORD_DAMAGE))
-def test_damaged_record_is_corrupt_on_every_read_path(any_redis: RedisBackend, damage: str, target: str) -> None:
+def test_damaged_record_is_corrupt_on_every_read_path(
+    any_redis: RedisBackend, damage: str, target: str, layout: str
+) -> None:
+    """On either layout: values inline in the metadata field, or (records
+    written before) in a field of their own."""
     b = any_redis
-    p = _damage_partition(b)
+    p = _damage_partition(b, layout)
     healthy = _every_read(b, p)
     fn, value_only = RECORD_DAMAGE[damage]
     fn(raw_client(b), b.keys_of(p), target)
@@ -1139,9 +1192,9 @@ def test_damaged_record_is_corrupt_on_every_read_path(any_redis: RedisBackend, d
 
 
 def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBackend) -> None:
-    """A large compressible value is stored zlib-compressed (its metadata ends
-    with the flag); small, incompressible and staged values are stored raw;
-    every read path gives the values back as written."""
+    """A large compressible value is stored zlib-compressed (its metadata's last
+    line says so, "~" when inline); small, incompressible and staged values are
+    stored raw; every read path gives the values back as written."""
     b = each_redis
     p = Partition("zip", "items", "z-" + uuid.uuid4().hex[:8])
     noise = random.Random(7).randbytes(4000)
@@ -1151,13 +1204,15 @@ def test_large_values_are_stored_compressed_and_read_back(each_redis: RedisBacke
     puts.append(make_put("b/blob", values["b/blob"], mode=Mode.APPEND, staged=True))
     assert b.write(p, puts).conflict is None
     c, r = raw_client(b), b.keys_of(p)[0]
-    stored = {n: c.hmget(r, [f"m:{n}", f"v:{n}"]) for n in values}
-    assert stored["c/big"][0].endswith(b"\nz") and len(stored["c/big"][1]) < 200
+    stored = {n: _split_inline(c.hget(r, f"m:{n}"))[1:] for n in values}
+    assert stored["c/big"][0] == b"~" and len(stored["c/big"][1]) < 200
     assert zlib.decompress(stored["c/big"][1]) == values["c/big"]
     # the most compressible value there is: level 1 packs it ~228x, under the 256x a reader allows
-    assert stored["c/zeros"][0].endswith(b"\nz") and 200 < len(values["c/zeros"]) / len(stored["c/zeros"][1]) < 256
-    for n in ("c/noise", "c/small", "b/blob"):  # not worth it, too small, staged
-        assert not stored[n][0].endswith(b"\nz") and stored[n][1] == values[n], n
+    assert stored["c/zeros"][0] == b"~" and 200 < len(values["c/zeros"]) / len(stored["c/zeros"][1]) < 256
+    for n in ("c/noise", "c/small"):  # not worth it, too small: raw, inline
+        assert stored[n] == (b"=", values[n]), n
+    assert stored["b/blob"] == (b"", b"") and c.hget(r, "v:b/blob") == values["b/blob"]  # staged: raw, own field
+    assert c.hlen(r) == len(values) + 1
     assert {rec.name: rec.value for rec in b.get(p, list(values))} == values  # type: ignore[union-attr]
     listed = b.list(p, ListQuery())
     assert {rec.name: rec.value for rec in listed} == values
@@ -1183,13 +1238,14 @@ def test_records_of_the_previous_format_are_read(each_redis: RedisBackend) -> No
     value = b"old format " * 300
     assert b.write(p, [make_put("c/old", value, tags={"k": "v"})]).conflict is None
     c, r = raw_client(b), b.keys_of(p)[0]
-    meta = c.hget(r, "m:c/old")
-    c.hset(r, mapping={"m:c/old": meta[:-2], "v:c/old": value})  # as the previous code stored it
+    head, flag, _ = _split_inline(c.hget(r, "m:c/old"))
+    assert flag == b"~"
+    c.hset(r, mapping={"m:c/old": head, "v:c/old": value})  # as the previous code stored it
     (rec,) = b.get(p, ["c/old"])
     assert rec is not None and rec.value == value and rec.tags == {"k": "v"}
     assert [x.value for x in b.list(p, ListQuery(tags={"k": "v"}))] == [value]
     assert b.write(p, [make_put("c/old", value + b"!", if_match=rec.etag, mode=Mode.IF_MATCH)]).conflict is None
-    assert c.hget(r, "m:c/old").endswith(b"\nz")
+    assert _split_inline(c.hget(r, "m:c/old"))[1] == b"~" and not c.hexists(r, "v:c/old")
     assert b.get(p, ["c/old"])[0].value == value + b"!"  # type: ignore[union-attr]
 
 
@@ -1283,7 +1339,7 @@ def test_an_unchanged_if_match_re_put_is_checked_not_rewritten(each_redis: Redis
     guard, other = reput(), make_put("c/other", b"x")
     result = b.write(p, [guard, other])
     assert result.conflict is None and result.records[0].seq == first.seq and result.records[1].seq == first.seq + 1
-    assert c.hmget(r, ["m:c/lease", "v:c/lease"]) == [stored[b"m:c/lease"], stored[b"v:c/lease"]]
+    assert c.hmget(r, ["m:c/lease", "v:c/lease"]) == [stored[b"m:c/lease"], None]  # the value inline, unchanged
     assert int(c.get(seqkey)) == first.seq + 1  # one new seq: the other record's
     # a stale etag is still refused
     assert b.write(p, [reput(if_match="stale", etag="stale")]).conflict is not None
@@ -1648,3 +1704,41 @@ def test_same_results_as_the_memory_backend(each_redis: RedisBackend, batches, q
             results[label] = [(r.name, r.etag, r.value, dict(r.tags)) for r in backend.list(p, q)]
         assert results["redis"] == results["memory"], spec
     assert b.drop(p) == len(everything["memory"])
+
+
+def test_records_stored_before_values_went_inline_read_the_same(any_redis: RedisBackend) -> None:
+    """A value stored in at most _INLINE_MAX bytes is appended to its metadata
+    field; records written before keep it in "v:<name>" and read the same on
+    every path. Writing over or deleting such a record leaves no "v:" field."""
+    b = any_redis
+    p = _damage_partition(b)
+    c, r = raw_client(b), b.keys_of(p)[0]
+    assert c.hlen(r) == 8 and _split_inline(c.hget(r, f"m:{PICK}"))[1] == b"~"
+    assert _split_inline(c.hget(r, "m:c/b"))[1:] == (b"=", b"B")
+    inline = _every_read(b, p)
+    _to_fields(c, r)
+    assert c.hlen(r) == 16 and c.hget(r, "v:c/b") == b"B"
+    assert _every_read(b, p) == inline
+    assert b.write(p, [make_put(PICK, LARGE_A + b"!", tags={"k": "v"})], [Delete(CHILD)]).conflict is None
+    assert not c.hexists(r, f"v:{PICK}") and not c.hexists(r, f"m:{CHILD}") and not c.hexists(r, f"v:{CHILD}")
+    assert c.hlen(r) == 6 * 2 + 1  # c/b and the five c/f* still in two fields each, PICK in one
+    assert b.get(p, [PICK, "c/b"])[0].value == LARGE_A + b"!"  # type: ignore[union-attr]
+    assert [x.value for x in b.list(p, ListQuery(prefix="c/f"))] == [b"F"] * 5
+
+
+def test_a_value_past_the_inline_size_keeps_its_own_field(each_redis: RedisBackend) -> None:
+    """A value stored in more than _INLINE_MAX bytes (compressed or not) and a
+    staged blob keep a "v:<name>" field: reading metadata never copies them."""
+    b = each_redis
+    p = Partition("u", "items", "in-" + uuid.uuid4().hex[:8])
+    big = random.Random(1).randbytes(_INLINE_MAX + 1)  # incompressible
+    edge = random.Random(2).randbytes(_INLINE_MAX)
+    blob = _blob(b"S" * 50)
+    puts = [make_put("c/big", big), make_put("c/edge", edge), blob]
+    assert b.write(p, puts).conflict is None
+    c, r = raw_client(b), b.keys_of(p)[0]
+    assert c.hget(r, "v:c/big") == big and _split_inline(c.hget(r, "m:c/big"))[1] == b""
+    assert not c.hexists(r, "v:c/edge") and _split_inline(c.hget(r, "m:c/edge"))[1:] == (b"=", edge)
+    assert c.hget(r, f"v:{blob.name}") == b"S" * 50 and _split_inline(c.hget(r, f"m:{blob.name}"))[1] == b""
+    assert [x.value for x in b.list(p, ListQuery())] == [b"S" * 50, big, edge]
+    assert [x.value for x in b.list(p, ListQuery(values=False))] == [b""] * 3

@@ -3,7 +3,7 @@
 Every key of a partition carries the partition's key as a Cluster hash tag,
 so all five live in one slot and one Lua script touches them all::
 
-    P:{pk}:r      hash    "m:<name>" -> metadata, "v:<name>" -> value bytes
+    P:{pk}:r      hash    "m:<name>" -> metadata [+ value], "v:<name>" -> value bytes
     P:{pk}:n      zset    every name, score 0          (name order, ZRANGEBYLEX)
     P:{pk}:x      zset    "<anc>|<seq16>|<name>"       (seq order, per first-level ancestor)
     P:{pk}:t      zset    "n<tag>|<name>"               (tag index, name order)
@@ -85,8 +85,17 @@ _TOP = b"\xff"  # above every name byte: "p" + _TOP bounds the names starting wi
 #: A value of at least this many bytes that is not a staged blob is stored
 #: zlib-compressed (level 1) when that saves at least an eighth of it.
 _SQUEEZE_MIN = 1024
-#: The metadata's last line when the value is stored compressed (records without it are raw).
+#: The metadata's last line when the value is stored compressed in its own
+#: ``v:`` field (records without a last line keep it raw there).
 _SQUEEZED = b"\nz"
+#: The metadata's last line opening with one of these holds the value itself,
+#: after that byte: raw (``=``) or compressed (``~``). One hash field a record
+#: instead of two (the field name, the name again, and its entry cost ~160 B).
+_INLINE, _INLINE_SQUEEZED = b"\n=", b"\n~"
+#: A value stored in at most this many bytes (compressed or not) that is not a
+#: staged blob is stored inline; a larger one keeps its own field, so reading
+#: metadata (conditions, filters, a listing without values) never copies it.
+_INLINE_MAX = 8192
 #: A value is stored compressed only if it expands at most this many times, and a
 #: reader refuses one that would expand more: bytes written straight into Redis
 #: cannot make a read inflate a small field into an unbounded one (a zip bomb).
@@ -218,10 +227,20 @@ def _record(name: str | bytes, meta: bytes, value: bytes | None, stored: bool = 
     """
     try:
         seq, etag, digest, _pairs, tags = meta.split(b"\n", 4)
-        if tags[-2:] == _SQUEEZED:
-            tags = tags[:-2]
-            if stored and value is not None:
-                value = _inflate(value)
+        tags, flag, inline = tags.partition(b"\n")
+        if flag:
+            how, inline = inline[:1], inline[1:]
+            if how == b"z" and not inline:
+                if stored and value is not None:
+                    value = _inflate(value)
+            elif how == b"=":
+                if stored:
+                    value = inline
+            elif how == b"~":
+                if stored:
+                    value = _inflate(inline)
+            else:
+                raise ValueError
         if tags == b"{}":
             parsed: Any = {}
         else:
@@ -252,8 +271,13 @@ def _damage(meta: Any, value: Any, stored: bool = True) -> str:
     if len(fields) < 5:
         return f"its metadata has {len(fields)} of its 5 newline-separated fields (seq, etag, digest, tag pairs, tags)"
     seq, etag, digest, _pairs, tags = fields
-    squeezed = tags[-2:] == _SQUEEZED
-    tags = tags[:-2] if squeezed else tags
+    tags, flag, last = tags.partition(b"\n")
+    if flag and last != b"z" and last[:1] not in (b"=", b"~"):
+        return f"its metadata's last line {last[:20]!r} is not z, =<value> or ~<value>"
+    squeezed = last == b"z"
+    if last[:1] in (b"=", b"~"):
+        value = last[1:]
+        squeezed = last[:1] == b"~"
     if not seq.isdigit():
         return f"its seq {seq[:40]!r} is not an integer"
     for what, raw, codec in (("etag", etag, "utf-8"), ("digest", digest, "ascii")):
@@ -371,16 +395,20 @@ def _squeezed(put: Put) -> tuple[bytes, str | bytes]:
     """The value to store for ``put`` and the metadata's tags line (which says how it is stored).
 
     A large value is compressed when that pays (:data:`_SQUEEZE_MIN`); a
-    staged blob never is: its field may be shared with writers that send it
-    ahead, raw.
+    value stored in at most :data:`_INLINE_MAX` bytes goes inline (the script
+    appends it to the metadata). A staged blob is neither: its field may be
+    shared with writers that send it ahead, raw.
     """
     tags = tags_json(put.tags)
-    if put.staged or len(put.value) < _SQUEEZE_MIN:
+    if put.staged:
         return put.value, tags
-    packed = zlib.compress(put.value, 1)
-    if len(packed) > len(put.value) - (len(put.value) >> 3) or len(packed) * _SQUEEZE_RATIO < len(put.value):
-        return put.value, tags
-    return packed, tags.encode() + _SQUEEZED
+    if len(put.value) >= _SQUEEZE_MIN:
+        packed = zlib.compress(put.value, 1)
+        if len(packed) <= len(put.value) - (len(put.value) >> 3) and len(packed) * _SQUEEZE_RATIO >= len(put.value):
+            return packed, tags.encode() + (_INLINE_SQUEEZED if len(packed) <= _INLINE_MAX else _SQUEEZED)
+    if len(put.value) <= _INLINE_MAX:
+        return put.value, tags.encode() + _INLINE
+    return put.value, tags
 
 
 def _list_args(query: ListQuery) -> list[Any] | None:

@@ -19,6 +19,27 @@ for i = 14, #ARGV do tags[#tags + 1] = ARGV[i] end
 
 local out, count = {}, 0
 local function full() return limit >= 0 and count >= limit end
+-- where the line holding an inline value starts in a record's metadata (the
+-- newline after its tags JSON, followed by "=" or "~"; the client splits the
+-- field the same way), or nil: the value is in "v:<name>"
+local function inline_at(meta)
+  local at = 0
+  for _ = 1, 5 do
+    at = string.find(meta, "\n", at + 1, true)
+    if not at then return nil end
+  end
+  local c = string.byte(meta, at + 1)
+  if c == 61 or c == 126 then return at end
+  return nil
+end
+-- the metadata as sent to the client: without an inline value when the
+-- listing returns no values
+local function sent(meta)
+  if values then return meta end
+  local at = inline_at(meta)
+  if at then return string.sub(meta, 1, at - 1) end
+  return meta
+end
 -- the children of name: "[name/" .. "(name0" in the names zset ("0" follows
 -- "/"), ascending, unfiltered, not counted; one HMGET for all of them
 local function emit_children(name)
@@ -37,22 +58,25 @@ local function emit_children(name)
       local value = ""
       if values then
         value = got[i * 2]
-        if not value then corrupt(kid, "its value is missing", false) end
+        if not value then
+          if not inline_at(meta) then corrupt(kid, "its value is missing", false) end
+          value = ""
+        end
       end
       out[#out + 1] = kid
-      out[#out + 1] = meta
+      out[#out + 1] = sent(meta)
       out[#out + 1] = value
     end
   end
 end
 local function emit(name, meta)
   local value = ""
-  if values then
+  if values and not inline_at(meta) then
     value = redis.call("HGET", r, "v:" .. name)
     if not value then corrupt(name, "its value is missing", false) end
   end
   out[#out + 1] = name
-  out[#out + 1] = meta
+  out[#out + 1] = sent(meta)
   out[#out + 1] = value
   count = count + 1
   if children then emit_children(name) end

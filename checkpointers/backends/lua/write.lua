@@ -2,6 +2,9 @@
 -- ARGV: ttl_ms nputs ndeletes, then 9 per put:
 --         name mode(u/c/a/i/s) if_match etag digest pairs tags_json ancestors value
 --       then 4 per delete: name has_if_match(0/1) if_match ancestors
+-- A tags_json ending "\n=" or "\n~" (the value raw or compressed) says the
+-- value goes inline: appended to the metadata in its "m:<name>" field, with
+-- no "v:<name>" (one left by an earlier record of that name goes).
 -- Mode "s" is a staged put (an append) whose value the client already sent
 -- with HSETNX into "v:<name>" in the same pipeline: its value argument is
 -- empty and the script never touches "v:<name>" on success.
@@ -157,9 +160,16 @@ for i = 0, np - 1 do
     if stored[i] then unindex(name, i, ancestors) end
     seq = seq + 1
     local s = pad(seq)
-    local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. ARGV[b + 7]
-    push(r_new, "m:" .. name, meta)
-    if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
+    local tj = ARGV[b + 7]
+    local meta = seq .. "\n" .. ARGV[b + 4] .. "\n" .. ARGV[b + 5] .. "\n" .. pairs .. "\n" .. tj
+    local inline = string.sub(tj, -2)
+    if inline == "\n=" or inline == "\n~" then
+      push(r_new, "m:" .. name, meta .. ARGV[b + 9])
+      if stored[i] then gone[#gone + 1] = "v:" .. name end
+    else
+      push(r_new, "m:" .. name, meta)
+      if ARGV[b + 2] ~= "s" then push(r_new, "v:" .. name, ARGV[b + 9]) end
+    end
     -- scores are the string "0": a Lua number would be formatted for every member
     push(n_new, "0", name)
     for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end

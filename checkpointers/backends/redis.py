@@ -6,7 +6,7 @@ so all five live in one slot and one Lua script touches them all::
     P:{pk}:r      hash    "m:<name>" -> metadata [+ value], "v:<name>" -> value bytes
     P:{pk}:n      zset    every name, score 0          (name order, ZRANGEBYLEX)
     P:{pk}:x      zset    "<anc>|<seq16>|<name>"       (seq order, per first-level ancestor)
-    P:{pk}:t      zset    "n<tag>|<name>"               (tag index, name order)
+    P:{pk}:t      zset    "s<tag>|<seq16>|<name>", "n<tag>|<name>"  (tag indexes)
     P:{pk}:seq    string  the partition's sequence counter (INCR)
     P:{<user_key>}:parts  hash  pk -> raw partition name (the user's registry)
 
@@ -198,7 +198,7 @@ def _tag_pair(key: str, value: str) -> str:
     return f"{encode_component(key)}={encode_component(value)}"
 
 
-def _legacy_sweep(x_key: str, t_key: str, names: Iterable[str]) -> list[Command]:
+def _legacy_sweep(x_key: str, names: Iterable[str]) -> list[Command]:
     """The commands removing the seq index members of earlier layouts: those of
     the whole partition (``|<seq16>|<name>``, ``[|`` .. ``(}``) and those of a
     second ancestor level (``c/_ns/|<seq16>|<name>``, written before
@@ -209,7 +209,7 @@ def _legacy_sweep(x_key: str, t_key: str, names: Iterable[str]) -> list[Command]
     lookup. (The write script does not sweep them: members an older release
     adds later are never read, and go at the next backend's first write.)"""
     families = {a for name in names for a in _ancestors(name)}
-    sweep: list[Command] = [("ZREMRANGEBYLEX", x_key, "[|", "(}"), ("ZREMRANGEBYLEX", t_key, "[s", "(t")]
+    sweep: list[Command] = [("ZREMRANGEBYLEX", x_key, "[|", "(}")]
     return sweep + [("ZREMRANGEBYLEX", x_key, f"[{a}", f"({a}|") for a in sorted(families)]
 
 
@@ -735,7 +735,7 @@ class RedisBackend(Backend):
         after = first and not self.cluster
         tail = [("HSET", registry, partition.key, raw_name)] if after else []
         if first:  # the first write this backend sends there: index members of the previous layout go
-            commands += _legacy_sweep(keys[2], keys[3], [*(p.name for p in puts), *(d.name for d in deletes)])
+            commands += _legacy_sweep(keys[2], [*(p.name for p in puts), *(d.name for d in deletes)])
         args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
         reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
         out = reply.values[-1 - len(tail)]  # the script's reply

@@ -177,14 +177,38 @@ local function index_is_cheaper()
   return wanted * family / under <= 2 * under
 end
 
--- names (each passing check(), which reads its metadata) in seq order, those in
--- the seq range, up to the limit: linear in the number of names
-local function emit_sorted(names, skip_tag)
+if #tags > 0 then
+  -- walk the smallest tag index; check the other tags on each candidate
+  local kind = by_seq and "s" or "n"
+  local best, best_count = 1, -1
+  for i, p in ipairs(tags) do
+    local c = redis.call("ZLEXCOUNT", t, "[" .. kind .. p .. "|", "(" .. kind .. p .. "}")
+    if best_count < 0 or c < best_count then best, best_count = i, c end
+  end
+  if best_count == 0 then return out end
+  local family = kind .. tags[best] .. "|"
+  if by_seq then
+    local lo, hi = seq_range(family)
+    scan(t, lo, hi, #family + 18, best, prefix ~= "", false)
+  else
+    local hi = "(" .. kind .. tags[best] .. "}"
+    if has_nhi then hi = "(" .. family .. nhi end
+    scan(t, "[" .. family .. nlo, hi, #family + 1, best, false, true)
+  end
+elseif not by_seq then
+  local hi = "+"
+  if has_nhi then hi = "(" .. nhi end
+  local lo = "-"
+  if nlo ~= "" then lo = "[" .. nlo end
+  scan(n, lo, hi, 1, 0, false, true)
+elseif anc == "" or (prefix ~= anc and not index_is_cheaper()) then
+  -- no indexed ancestor (the whole partition has no seq index), or few
+  -- names under the prefix: read them all and sort by seq
   local rows = {}
   local lo_seq = tonumber(slo) or 0
   local hi_seq = tonumber(shi)
-  for _, name in ipairs(names) do
-    local meta = check(name, skip_tag, false, nil)
+  for _, name in ipairs(redis.call("ZRANGEBYLEX", n, "[" .. prefix, "(" .. prefix .. "\255")) do
+    local meta = at_depth(name) and redis.call("HGET", r, "m:" .. name)
     if meta then
       local seq = tonumber(seq_of(name, meta))
       if seq >= lo_seq and (hi_seq == nil or seq < hi_seq) then
@@ -201,39 +225,6 @@ local function emit_sorted(names, skip_tag)
     if full() then break end
     emit(row[2], row[3])
   end
-end
-
-if #tags > 0 then
-  -- walk the smallest tag index (name order); check the other tags on each candidate
-  local best, best_count = 1, -1
-  for i, p in ipairs(tags) do
-    local c = redis.call("ZLEXCOUNT", t, "[n" .. p .. "|", "(n" .. p .. "}")
-    if best_count < 0 or c < best_count then best, best_count = i, c end
-  end
-  if best_count == 0 then return out end
-  local family = "n" .. tags[best] .. "|"
-  if by_seq then
-    local names = {}
-    for _, m in ipairs(redis.call("ZRANGEBYLEX", t, "[" .. family .. prefix, "(" .. family .. prefix .. "\255")) do
-      names[#names + 1] = string.sub(m, #family + 1)
-    end
-    emit_sorted(names, best)
-  else
-    local kind = "n"
-    local hi = "(" .. kind .. tags[best] .. "}"
-    if has_nhi then hi = "(" .. family .. nhi end
-    scan(t, "[" .. family .. nlo, hi, #family + 1, best, false, true)
-  end
-elseif not by_seq then
-  local hi = "+"
-  if has_nhi then hi = "(" .. nhi end
-  local lo = "-"
-  if nlo ~= "" then lo = "[" .. nlo end
-  scan(n, lo, hi, 1, 0, false, true)
-elseif anc == "" or (prefix ~= anc and not index_is_cheaper()) then
-  -- no indexed ancestor (the whole partition has no seq index), or few
-  -- names under the prefix: read them all and sort by seq
-  emit_sorted(redis.call("ZRANGEBYLEX", n, "[" .. prefix, "(" .. prefix .. "\255"), 0)
 else
   -- the seq index of the prefix's longest indexed ancestor
   local lo, hi = seq_range(anc .. "|")

@@ -173,11 +173,10 @@ for i = 0, np - 1 do
     -- scores are the string "0": a Lua number would be formatted for every member
     push(n_new, "0", name)
     for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end
-    -- tags are indexed in name order only ("n<tag>|<name>"); a listing by tag in
-    -- seq order reads that family's names and sorts them (list.lua). The
-    -- "s<tag>|<seq16>|<name>" members records written before still have go
-    -- with their record (t_old above), all at once at a backend's first write
-    for p in string.gmatch(pairs, "[^ ]+") do push(t_new, "0", "n" .. p .. "|" .. name) end
+    for p in string.gmatch(pairs, "[^ ]+") do
+      push(t_new, "0", "s" .. p .. "|" .. s .. "|" .. name)
+      push(t_new, "0", "n" .. p .. "|" .. name)
+    end
     out[#out + 1] = meta
   end
 end

@@ -418,9 +418,13 @@ class Channels(NamedTuple):
 #: The sort key of a super-step's writes, each ``(task_path, task_id, idx, channel, value)``:
 #: LangGraph's ``writes_sort_key``, which is ``(task_path, task_id, idx)``, as one C call
 #: per write (should a later LangGraph key them otherwise, its function is called).
+#: The shortcut is taken only if LangGraph's key is the identity on samples of every kind of
+#: write: special ones (negative idx, see ``WRITES_IDX_MAP``), empty and nested task paths.
+_WRITES_KEY_SAMPLES = (("", "", 0), ("p", "t", 1), ("p", "t", -1), ("p", "t", -4), ("~", "a", 2),
+                       ("~__pregel_pull, a", "b", 0), ("~__pregel_push, 0, False", "c", 3))
 _WRITES_ORDER: Callable[[tuple[Any, ...]], Any] = (
     operator.itemgetter(0, 1, 2)
-    if writes_sort_key("p", "t", 1) == ("p", "t", 1)
+    if all(writes_sort_key(*w) == w for w in _WRITES_KEY_SAMPLES)
     else lambda w: writes_sort_key(w[0], w[1], w[2])
 )
 

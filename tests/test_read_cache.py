@@ -96,7 +96,7 @@ def _other_step_tag(rec: Record) -> tuple[bytes, dict[str, str]]:
 
 @pytest.mark.parametrize(
     ("forge", "error"),
-    [(_flip_last_byte, "checkpoint record"), (_other_step_tag, "seal does not match")],
+    [(_flip_last_byte, "content does not match its sha256 digest"), (_other_step_tag, "seal does not match")],
     ids=["value", "tags"],
 )
 def test_a_record_changed_under_the_same_name_and_digest_fails_after_a_clean_read(

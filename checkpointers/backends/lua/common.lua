@@ -80,3 +80,23 @@ local function apply(cmd, key, args)
     redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
   end
 end
+-- where the line holding an inline value starts in a record's metadata (the
+-- newline after its tags JSON, followed by "=" or "~"; the client splits the
+-- field the same way), or nil: the value is in "v:<name>"
+local function inline_at(meta)
+  local at = 0
+  for _ = 1, 5 do
+    at = string.find(meta, "\n", at + 1, true)
+    if not at then return nil end
+  end
+  local c = string.byte(meta, at + 1)
+  if c == 61 or c == 126 then return at end
+  return nil
+end
+-- a record's metadata without its inline value: what a reply that returns
+-- no value carries (a listing without values, a kept put's record)
+local function meta_only(meta)
+  local at = inline_at(meta)
+  if at then return string.sub(meta, 1, at - 1) end
+  return meta
+end

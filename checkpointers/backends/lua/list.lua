@@ -19,26 +19,11 @@ for i = 14, #ARGV do tags[#tags + 1] = ARGV[i] end
 
 local out, count = {}, 0
 local function full() return limit >= 0 and count >= limit end
--- where the line holding an inline value starts in a record's metadata (the
--- newline after its tags JSON, followed by "=" or "~"; the client splits the
--- field the same way), or nil: the value is in "v:<name>"
-local function inline_at(meta)
-  local at = 0
-  for _ = 1, 5 do
-    at = string.find(meta, "\n", at + 1, true)
-    if not at then return nil end
-  end
-  local c = string.byte(meta, at + 1)
-  if c == 61 or c == 126 then return at end
-  return nil
-end
 -- the metadata as sent to the client: without an inline value when the
 -- listing returns no values
 local function sent(meta)
   if values then return meta end
-  local at = inline_at(meta)
-  if at then return string.sub(meta, 1, at - 1) end
-  return meta
+  return meta_only(meta)
 end
 -- the children of name: "[name/" .. "(name0" in the names zset ("0" follows
 -- "/"), ascending, unfiltered, not counted; one HMGET for all of them

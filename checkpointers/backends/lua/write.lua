@@ -155,7 +155,7 @@ for i = 0, np - 1 do
   local b = 3 + i * PW
   local name, pairs, ancestors = ARGV[b + 1], ARGV[b + 6], ARGV[b + 8]
   if noop[i] then
-    out[#out + 1] = stored[i]
+    out[#out + 1] = meta_only(stored[i])  -- the client takes the value from the put
   else
     if stored[i] then unindex(name, i, ancestors) end
     seq = seq + 1

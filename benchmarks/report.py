@@ -18,6 +18,9 @@ from typing import Any
 
 from .harness import Measure, Table
 
+#: Where ``python -m benchmarks.run`` saves its runs by default.
+RESULTS = Path(__file__).resolve().parent / "results"
+
 __all__ = ["CHART_METRICS", "chart", "speed_ratios", "summary", "write_json"]
 
 
@@ -141,8 +144,23 @@ def _anchor_label(ratios: list[dict[str, Any]], family: str, anchor: str, mode: 
 
 
 def main(argv: list[str]) -> int:
-    for name in argv or ["benchmarks/results/results.json"]:
-        path = Path(name)
+    """``python -m benchmarks.report [RUN.json ...]``: print each run's summary and redraw its chart."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description="Print the summary table of saved benchmark runs and redraw each run's chart "
+                    "(the PNG beside the JSON, same name).")
+    parser.add_argument("runs", nargs="*", type=Path, metavar="RUN.json",
+                        help="JSON files written by `python -m benchmarks.run --json` "
+                             "(default: benchmarks/results/full.json, else quick.json)")
+    args = parser.parse_args(argv)
+    runs: list[Path] = args.runs or [p for p in (RESULTS / "full.json", RESULTS / "quick.json") if p.exists()][:1]
+    if not runs:
+        parser.error(f"no run given and none saved in {RESULTS}: run `python -m benchmarks.run` first")
+    for path in runs:
+        if not path.is_file():
+            parser.error(f"{path}: no such file (give the JSON of a run, e.g. {RESULTS / 'run-1bd9205.json'})")
         data = json.loads(path.read_text(encoding="utf-8"))
         print(summary(data))
         print(chart(data, path.with_suffix(".png")))

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import harness
 from .harness import PROGRESS, Context, Sizes, Table
-from .report import chart, summary, write_json
+from .report import RESULTS, chart, summary, write_json
 from .savers import REFERENCE, Env, SaverEntry, StorageEntry, saver_entries, storage_entries
 from .workloads import ALIASES, WORKLOADS
 
@@ -37,7 +37,6 @@ PACKAGES = (
     "langgraph-checkpoint-redis", "langgraph-checkpoint-s3", "langgraph-checkpoint-objectstorage",
     "langgraph-checkpoint-postgres", "agent-framework-core", "redis", "boto3", "moto", "psycopg",
 )  # fmt: skip
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

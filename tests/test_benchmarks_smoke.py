@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -88,3 +90,21 @@ def test_agent_framework_slow_call_stops_only_the_slow_operation() -> None:
     for cells in (load, latest, ids):
         assert re.fullmatch(r"[\d.,]+ (µs|ms|s)", cells[0]) and cells[1:] == ["too slow"] * 2, cells
     assert any(n.startswith("ours: sqlite: get_latest too slow") for n in rows["notes"]), rows["notes"]
+
+
+def test_report_redraws_a_saved_run_and_names_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import report
+
+    saved = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "run-1bd9205.json"
+    run = tmp_path / "run.json"
+    run.write_bytes(saved.read_bytes())
+    assert report.main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "### Summary: speed ratio of ours vs the reference anchor" in out
+    assert (tmp_path / "run.png").stat().st_size > 0
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(tmp_path / "missing.json")])
+    assert exit_.value.code == 2
+    assert "missing.json: no such file" in capsys.readouterr().err

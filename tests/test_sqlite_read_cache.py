@@ -57,6 +57,9 @@ def test_a_repeated_read_is_served_without_reading_records_and_a_write_ends_that
     backend.write(P, [make_put("c/1", b"one"), make_put("c/1/w", b"w")])
     first = backend.list(P, LATEST)
     statements = _traced(backend)
+    assert backend.list(P, LATEST) == first  # the first hit of a version also looks up the partition's expiry
+    assert not _reads_records(statements) and any("FROM partitions" in s for s in statements), statements
+    statements.clear()
     assert backend.list(P, LATEST) == first
     assert statements == ["BEGIN", "PRAGMA data_version", "COMMIT"], statements  # the hit: no records read
     backend.write(P, [make_put("c/2", b"two")])  # the writer connection: "another connection" to the reader
@@ -125,6 +128,9 @@ def test_a_cached_read_is_not_served_past_its_partitions_expiry(tmp_path: Path) 
         assert not _reads_records(statements), statements
         now[0] += 31  # past it: nothing committed, only the clock moved
         assert backend.list(P, ALL) == [] and backend.get(P, ["c/1"]) == [None]
+        assert backend.list(P, ALL) == []
+        now[0] -= 31  # a clock set back: the partition reads as live again, its empty reads are not served
+        assert _names(backend.list(P, ALL)) == ["c/1"] and backend.get(P, ["c/1"])[0] is not None
 
 
 def test_two_reads_never_share_a_mutable_object(backend: SqliteBackend) -> None:

@@ -148,6 +148,7 @@ from __future__ import annotations
 import builtins
 import functools
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -1517,8 +1518,13 @@ class _ReadCache:
     could not serve what it read before.
 
     A result also depends on the clock: a partition whose ``expires_at`` has
-    passed reads as empty. Each entry keeps its partition's expiry, read in
-    the same transaction, and is served only before it.
+    passed reads as empty. An entry is served only if it was read (the
+    backend's clock just after the read) and is asked for before its
+    partition's expiry. That expiry is looked up at the first hit, not on the
+    miss (which stays one statement more than without the cache), and kept in
+    ``expiries`` for the version: at an unchanged version the stored expiry is
+    the one the read saw. So an expired partition's empty result is never
+    served, not even after a test clock is set back.
 
     No caller ever holds a cached object: entries are copies (:func:`_fresh`),
     and every hit returns a new list of new :class:`Record` objects with tags
@@ -1526,31 +1532,44 @@ class _ReadCache:
     :data:`_CACHE_ENTRIES` and :data:`_CACHE_BYTES`, least recently used out first.
     """
 
-    __slots__ = ("version", "changes", "entries", "size")
+    __slots__ = ("version", "changes", "entries", "size", "expiries")
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.changes = -1
-        #: key -> (result, its partition's expiry or None, bytes counted)
-        self.entries: dict[Any, tuple[Any, float | None, int]] = {}
+        #: key -> (result, bytes counted, the backend's clock when it was read)
+        self.entries: dict[Any, tuple[list[Any], int, float]] = {}
         self.size = 0
+        #: pkey -> its expiry at this version (None: never; -inf: not to be served, a damaged value)
+        self.expiries: dict[str, float | None] = {}
 
     def reset(self, version: int, changes: int) -> None:
         """Forget everything: the file may have changed since (or this connection wrote)."""
         self.version, self.changes = version, changes
         self.entries.clear()
+        self.expiries.clear()
         self.size = 0
 
-    def keep(self, key: Any, result: Any, expires: float | None) -> None:
+    def keep(self, key: Any, result: list[Any], read_at: float) -> None:
         """Remember a copy of ``result`` under ``key`` if it fits, evicting the least recently used."""
         size = _result_size(result)
         if size > _CACHE_ENTRY_BYTES:
             return
         entries = self.entries
         while entries and (len(entries) >= _CACHE_ENTRIES or self.size + size > _CACHE_BYTES):
-            self.size -= entries.pop(next(iter(entries)))[2]
-        entries[key] = (_fresh(result), expires, size)
+            self.size -= entries.pop(next(iter(entries)))[1]
+        entries[key] = (_fresh(result), size, read_at)
         self.size += size
+
+    def expiry(self, conn: sqlite3.Connection, pkey: str) -> float | None:
+        """``pkey``'s ``expires_at`` at this version (read once per version, in the caller's transaction)."""
+        if pkey in self.expiries:
+            return self.expiries[pkey]
+        row = conn.execute(_EXPIRY_SQL, (pkey,)).fetchone()
+        value = None if row is None else row[0]
+        expiry = None if value is None else float(value) if type(value) in (int, float) else -math.inf
+        self.expiries[pkey] = expiry
+        return expiry
 
 
 def _result_size(result: Sequence[Any]) -> int:
@@ -1585,9 +1604,10 @@ def _read_through(
 
     ``pkey`` is the one partition the read reads (its expiry bounds the
     entry and is part of the cache key); ``key`` says what was read in it
-    (hashable, equal only for reads that return equal results from one snapshot). One read transaction: ``PRAGMA
-    data_version``, then, unless it is a hit, the partition's expiry and the
-    read itself.
+    (hashable, equal only for reads that return equal results from one
+    snapshot). One read transaction: ``PRAGMA data_version``, then the
+    partition's expiry (at the first hit of a version) and, unless it is a
+    hit, the read itself.
     """
     if conn.in_transaction:  # a snapshot of its own: not the cache's to judge
         return read(conn, *args)
@@ -1605,18 +1625,13 @@ def _read_through(
         else:
             entry = cache.entries.get(key)
             if entry is not None:
-                expires = entry[1]
-                if expires is None or (box is not None and _box_now(box) < expires):
+                expires = cache.expiry(conn, pkey)
+                if expires is None or (box is not None and max(entry[2], _box_now(box)) < expires):
                     cache.entries[key] = cache.entries.pop(key)  # most recently used
                     return _fresh(entry[0])
-        row = conn.execute(_EXPIRY_SQL, (pkey,)).fetchone()
         result = read(conn, *args)
-    expiry = None if row is None else row[0]
-    if expiry is None:
-        cache.keep(key, result, None)
-    elif type(expiry) in (int, float) and box is not None and _box_now(box) < expiry:
-        cache.keep(key, result, float(expiry))
-    # else: expired (reads as empty until the sweep), or a damaged expiry: not kept
+        read_at = _box_now(box) if box is not None else math.inf  # no clock known: never served with an expiry
+    cache.keep(key, result, read_at)
     return result
 
 

@@ -1499,7 +1499,10 @@ _CACHE_BYTES = 2 * 1024 * 1024
 #: A result above this many bytes is not kept (it would push out most of the others).
 _CACHE_ENTRY_BYTES = 1024 * 1024
 _RECORD_OVERHEAD = 128  #: bytes counted per record beside its value and name
-_EXPIRY_SQL = "SELECT expires_at FROM partitions WHERE pkey = ?"
+#: ``data_version`` and the partition's ``expires_at``, read in one statement (one snapshot).
+_VERSION_EXPIRY_SQL = (
+    "SELECT data_version, (SELECT expires_at FROM partitions WHERE pkey = ?) FROM pragma_data_version"
+)
 
 
 class _ReadCache:
@@ -1520,11 +1523,12 @@ class _ReadCache:
     A result also depends on the clock: a partition whose ``expires_at`` has
     passed reads as empty. An entry is served only if it was read (the
     backend's clock just after the read) and is asked for before its
-    partition's expiry. That expiry is looked up at the first hit, not on the
-    miss (which stays one statement more than without the cache), and kept in
-    ``expiries`` for the version: at an unchanged version the stored expiry is
-    the one the read saw. So an expired partition's empty result is never
-    served, not even after a test clock is set back.
+    partition's expiry. That expiry is read at the first hit, in the same
+    statement as the version (one snapshot), not on the miss (which stays one
+    statement more than without the cache), and kept in ``expiries`` for the
+    version: at an unchanged version the stored expiry is the one the read
+    saw. So an expired partition's empty result is never served, not even
+    after a test clock is set back.
 
     No caller ever holds a cached object: entries are copies (:func:`_fresh`),
     and every hit returns a new list of new :class:`Record` objects with tags
@@ -1556,20 +1560,13 @@ class _ReadCache:
         if size > _CACHE_ENTRY_BYTES:
             return
         entries = self.entries
+        old = entries.pop(key, None)  # re-read (it was not servable): replaced
+        if old is not None:
+            self.size -= old[1]
         while entries and (len(entries) >= _CACHE_ENTRIES or self.size + size > _CACHE_BYTES):
             self.size -= entries.pop(next(iter(entries)))[1]
         entries[key] = (_fresh(result), size, read_at)
         self.size += size
-
-    def expiry(self, conn: sqlite3.Connection, pkey: str) -> float | None:
-        """``pkey``'s ``expires_at`` at this version (read once per version, in the caller's transaction)."""
-        if pkey in self.expiries:
-            return self.expiries[pkey]
-        row = conn.execute(_EXPIRY_SQL, (pkey,)).fetchone()
-        value = None if row is None else row[0]
-        expiry = None if value is None else float(value) if type(value) in (int, float) else -math.inf
-        self.expiries[pkey] = expiry
-        return expiry
 
 
 def _result_size(result: Sequence[Any]) -> int:
@@ -1605,9 +1602,8 @@ def _read_through(
     ``pkey`` is the one partition the read reads (its expiry bounds the
     entry and is part of the cache key); ``key`` says what was read in it
     (hashable, equal only for reads that return equal results from one
-    snapshot). One read transaction: ``PRAGMA data_version``, then the
-    partition's expiry (at the first hit of a version) and, unless it is a
-    hit, the read itself.
+    snapshot). A hit is one statement (``PRAGMA data_version``; at the first
+    hit of a version, with the partition's expiry); a miss is that one and the read.
     """
     if conn.in_transaction:  # a snapshot of its own: not the cache's to judge
         return read(conn, *args)
@@ -1617,22 +1613,34 @@ def _read_through(
         cache = _ReadCache()
         setattr(conn, "read_cache", cache)  # noqa: B010 - pooled connections gain it on first use
     box: Sequence[Retention] | None = getattr(conn, "retention", None)  # the backend's clock (cp_now)
-    with _transaction(conn, immediate=False):
+    entry = cache.entries.get(key)
+    unknown = entry is not None and pkey not in cache.expiries
+    if unknown:  # the version and the partition's expiry from one snapshot: one statement
+        version, stored = conn.execute(_VERSION_EXPIRY_SQL, (pkey,)).fetchone()
+    else:
         (version,) = conn.execute("PRAGMA data_version").fetchone()
-        changes = conn.total_changes
-        if version != cache.version or changes != cache.changes:
-            cache.reset(version, changes)
-        else:
-            entry = cache.entries.get(key)
-            if entry is not None:
-                expires = cache.expiry(conn, pkey)
-                if expires is None or (box is not None and max(entry[2], _box_now(box)) < expires):
-                    cache.entries[key] = cache.entries.pop(key)  # most recently used
-                    return _fresh(entry[0])
-        result = read(conn, *args)
-        read_at = _box_now(box) if box is not None else math.inf  # no clock known: never served with an expiry
-    cache.keep(key, result, read_at)
+    changes = conn.total_changes
+    if version != cache.version or changes != cache.changes:
+        cache.reset(version, changes)
+    elif entry is not None:
+        if unknown:
+            cache.expiries[pkey] = _expiry_of(stored)
+        expires = cache.expiries[pkey]
+        if expires is None or (box is not None and max(entry[2], _box_now(box)) < expires):
+            cache.entries[key] = cache.entries.pop(key)  # most recently used
+            return _fresh(entry[0])
+    # A statement of its own, at ``version`` or later: a commit in between
+    # changes the next ``data_version``, which drops the entry unserved.
+    result = read(conn, *args)
+    cache.keep(key, result, _box_now(box) if box is not None else math.inf)  # no clock: never served if expiring
     return result
+
+
+def _expiry_of(stored: Any) -> float | None:
+    """A ``partitions.expires_at`` for the cache: None (never), seconds, or -inf (damaged: never served)."""
+    if stored is None:
+        return None
+    return float(stored) if type(stored) in (int, float) else -math.inf
 
 
 def _query_key(query: ListQuery) -> tuple[Any, ...]:

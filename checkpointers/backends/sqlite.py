@@ -148,6 +148,7 @@ from __future__ import annotations
 import builtins
 import functools
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -1490,6 +1491,174 @@ def _check_tagged(query: ListQuery, picks: Sequence[Record]) -> None:
             )
 
 
+# -- the read cache ----------------------------------------------------------------
+
+#: A pooled read connection keeps at most this many results, and this many bytes of them.
+_CACHE_ENTRIES = 64
+_CACHE_BYTES = 2 * 1024 * 1024
+#: A result above this many bytes is not kept (it would push out most of the others).
+_CACHE_ENTRY_BYTES = 1024 * 1024
+_RECORD_OVERHEAD = 128  #: bytes counted per record beside its value and name
+#: ``data_version`` and the partition's ``expires_at``, read in one statement (one snapshot).
+_VERSION_EXPIRY_SQL = (
+    "SELECT data_version, (SELECT expires_at FROM partitions WHERE pkey = ?) FROM pragma_data_version"
+)
+
+
+class _ReadCache:
+    """The results one pooled read connection read, kept while nothing can have changed them.
+
+    Valid only while ``PRAGMA data_version`` is the value they were read
+    under: SQLite changes it whenever *another* connection, of this process
+    (the backend's writer, a second backend on the file) or of any other, has
+    committed since, so a put, delete, drop, prune, sweep, refresh or VACUUM
+    by anyone empties the cache before the next read is served. The version
+    is read in the same read transaction as the records
+    (:func:`_read_through`), so an entry is never labelled with a version
+    other than its snapshot's. A commit by this connection itself would not
+    change the value: read connections never write, and ``total_changes``
+    (rows this connection changed) is compared too, so even one that did
+    could not serve what it read before.
+
+    A result also depends on the clock: a partition whose ``expires_at`` has
+    passed reads as empty. An entry is served only if it was read (the
+    backend's clock just after the read) and is asked for before its
+    partition's expiry. That expiry is read at the first hit, in the same
+    statement as the version (one snapshot), not on the miss (which stays one
+    statement more than without the cache), and kept in ``expiries`` for the
+    version: at an unchanged version the stored expiry is the one the read
+    saw. So an expired partition's empty result is never served, not even
+    after a test clock is set back.
+
+    No caller ever holds a cached object: entries are copies (:func:`_fresh`),
+    and every hit returns a new list of new :class:`Record` objects with tags
+    dicts of their own (``value`` is immutable ``bytes``, shared). Bounded by
+    :data:`_CACHE_ENTRIES` and :data:`_CACHE_BYTES`, least recently used out first.
+    """
+
+    __slots__ = ("version", "changes", "entries", "size", "expiries")
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.changes = -1
+        #: key -> (result, bytes counted, the backend's clock when it was read)
+        self.entries: dict[Any, tuple[list[Any], int, float]] = {}
+        self.size = 0
+        #: pkey -> its expiry at this version (None: never; -inf: not to be served, a damaged value)
+        self.expiries: dict[str, float | None] = {}
+
+    def reset(self, version: int, changes: int) -> None:
+        """Forget everything: the file may have changed since (or this connection wrote)."""
+        self.version, self.changes = version, changes
+        self.entries.clear()
+        self.expiries.clear()
+        self.size = 0
+
+    def keep(self, key: Any, result: list[Any], read_at: float) -> None:
+        """Remember a copy of ``result`` under ``key`` if it fits, evicting the least recently used."""
+        size = _result_size(result)
+        if size > _CACHE_ENTRY_BYTES:
+            return
+        entries = self.entries
+        old = entries.pop(key, None)  # re-read (it was not servable): replaced
+        if old is not None:
+            self.size -= old[1]
+        while entries and (len(entries) >= _CACHE_ENTRIES or self.size + size > _CACHE_BYTES):
+            self.size -= entries.pop(next(iter(entries)))[1]
+        entries[key] = (_fresh(result), size, read_at)
+        self.size += size
+
+
+def _result_size(result: Sequence[Any]) -> int:
+    """The bytes a result of :func:`_get`, :func:`_list` or :func:`_many_reads` is counted for."""
+    size = 0
+    for item in result:
+        if type(item) is Record:
+            size += len(item.value) + len(item.name) + _RECORD_OVERHEAD
+        elif item is not None:
+            size += _result_size(item)
+    return size
+
+
+def _fresh(result: Sequence[Any]) -> list[Any]:
+    """A copy of a read's result that shares no mutable object with it (records and their tags)."""
+    out: list[Any] = []
+    for item in result:
+        if type(item) is Record:
+            tags = item.tags
+            out.append(Record(item.name, item.value, dict(tags) if tags else {}, item.etag, item.digest, item.seq))
+        elif item is None:
+            out.append(None)
+        else:
+            out.append(_fresh(item))
+    return out
+
+
+def _read_through(
+    conn: sqlite3.Connection, read: Callable[..., list[Any]], key: Any, pkey: str, *args: Any
+) -> list[Any]:
+    """``read(conn, *args)``, served from the connection's :class:`_ReadCache` while that is valid.
+
+    ``pkey`` is the one partition the read reads (its expiry bounds the
+    entry and is part of the cache key); ``key`` says what was read in it
+    (hashable, equal only for reads that return equal results from one
+    snapshot). A hit is one statement (``PRAGMA data_version``; at the first
+    hit of a version, with the partition's expiry); a miss is that one and the read.
+    """
+    if conn.in_transaction:  # a snapshot of its own: not the cache's to judge
+        return read(conn, *args)
+    key = (pkey, key)  # the partition is always part of what was read: never served to another
+    cache: _ReadCache | None = getattr(conn, "read_cache", None)
+    if cache is None:
+        cache = _ReadCache()
+        setattr(conn, "read_cache", cache)  # noqa: B010 - pooled connections gain it on first use
+    box: Sequence[Retention] | None = getattr(conn, "retention", None)  # the backend's clock (cp_now)
+    entry = cache.entries.get(key)
+    unknown = entry is not None and pkey not in cache.expiries
+    if unknown:  # the version and the partition's expiry from one snapshot: one statement
+        version, stored = conn.execute(_VERSION_EXPIRY_SQL, (pkey,)).fetchone()
+    else:
+        (version,) = conn.execute("PRAGMA data_version").fetchone()
+    changes = conn.total_changes
+    if version != cache.version or changes != cache.changes:
+        cache.reset(version, changes)
+    elif entry is not None:
+        if unknown:
+            cache.expiries[pkey] = _expiry_of(stored)
+        expires = cache.expiries[pkey]
+        if expires is None or (box is not None and max(entry[2], _box_now(box)) < expires):
+            cache.entries[key] = cache.entries.pop(key)  # most recently used
+            return _fresh(entry[0])
+    # A statement of its own, at ``version`` or later: a commit in between
+    # changes the next ``data_version``, which drops the entry unserved.
+    result = read(conn, *args)
+    cache.keep(key, result, _box_now(box) if box is not None else math.inf)  # no clock: never served if expiring
+    return result
+
+
+def _expiry_of(stored: Any) -> float | None:
+    """A ``partitions.expires_at`` for the cache: None (never), seconds, or -inf (damaged: never served)."""
+    if stored is None:
+        return None
+    return float(stored) if type(stored) in (int, float) else -math.inf
+
+
+def _query_key(query: ListQuery) -> tuple[Any, ...]:
+    """What identifies a listing's result (:class:`ListQuery` holds a dict: not hashable itself)."""
+    return (
+        query.prefix, query.order, query.descending, query.limit, tuple(query.tags.items()),
+        query.start, query.stop, query.values, query.depth, query.children,
+    )  # fmt: skip
+
+
+def _read_key(op: GetOp | ListOp) -> tuple[Any, ...] | None:
+    """The cache key of one read of :meth:`SqliteBackend.many`; None: not cached (a get of many names)."""
+    if isinstance(op, GetOp):
+        names = tuple(op.names)
+        return None if len(names) > _CHUNK else ("get", names)
+    return ("list", _query_key(op.query))
+
+
 def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
     """The raw names of ``user``'s partitions in ``space``, each checked against its key.
 
@@ -1727,7 +1896,12 @@ class SqliteBackend(Backend):
     # -- the five operations, sync and async (the sync one on the worker): one line each --
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
-        found = self._run(_get, partition.key, tuple(names))
+        names = tuple(names)
+        pkey = partition.key
+        if len(names) <= _CHUNK:  # more: several statements in a transaction of their own, not cached
+            found = self._run(_read_through, _get, ("get", names), pkey, pkey, names)
+        else:
+            found = self._run(_get, pkey, names)
         self._read(partition)
         return found
 
@@ -1739,7 +1913,8 @@ class SqliteBackend(Backend):
         return result
 
     def list(self, partition: Partition, query: ListQuery) -> list[Record]:
-        found = self._run(_list, partition.key, query)
+        pkey = partition.key
+        found = self._run(_read_through, _list, ("list", _query_key(query)), pkey, pkey, query)
         self._read(partition)
         return found
 
@@ -1809,7 +1984,14 @@ class SqliteBackend(Backend):
         Anything else runs one by one (:meth:`Backend.many`).
         """
         if len(ops) > 1 and all(isinstance(op, (GetOp, ListOp)) for op in ops):
-            results = self._run(_many_reads, tuple(ops))
+            ops = tuple(ops)
+            keys = tuple(_read_key(op) for op in ops)
+            pkeys = {op.partition.key for op in ops}
+            if None in keys or len(pkeys) != 1:  # cached: reads of one partition, none of many names
+                results = self._run(_many_reads, ops)
+            else:
+                (pkey,) = pkeys
+                results = self._run(_read_through, _many_reads, ("many", keys), pkey, ops)
             if self.retention.refresh_on_read:
                 for partition in read_partitions(ops):
                     self._read(partition)

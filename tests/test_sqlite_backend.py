@@ -1218,10 +1218,19 @@ def test_a_backend_never_closed_does_not_hang_interpreter_exit(tmp_path: Path) -
         assert backend.get(Partition("u", "items", "s"), ["a"])[0] is not None
 
 
+#: The read cache's own statements before a read: its version check, and version + expiry lookup.
+_CACHE_STATEMENTS = ("PRAGMA data_version", "SELECT data_version, (SELECT expires_at FROM partitions")
+
+
 def _traced(backend: SqliteBackend) -> list[str]:
-    """The SQL statements the backend's pooled read connection runs from now on."""
+    """The SQL statements that read records on the backend's pooled read connection from now on."""
     statements: list[str] = []
-    backend._idle[-1].set_trace_callback(statements.append)
+
+    def seen(sql: str) -> None:
+        if not sql.startswith(_CACHE_STATEMENTS):
+            statements.append(sql)
+
+    backend._idle[-1].set_trace_callback(seen)
     return statements
 
 

@@ -1513,9 +1513,10 @@ class _ReadCache:
     (the backend's writer, a second backend on the file) or of any other, has
     committed since, so a put, delete, drop, prune, sweep, refresh or VACUUM
     by anyone empties the cache before the next read is served. The version
-    is read in the same read transaction as the records
-    (:func:`_read_through`), so an entry is never labelled with a version
-    other than its snapshot's. A commit by this connection itself would not
+    is read in its own statement just before the records
+    (:func:`_read_through`), so an entry may be labelled with a version older
+    than its snapshot (a commit in between: the next check sees the newer
+    version and drops the entry unserved), never with a newer one. A commit by this connection itself would not
     change the value: read connections never write, and ``total_changes``
     (rows this connection changed) is compared too, so even one that did
     could not serve what it read before.

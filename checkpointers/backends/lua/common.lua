@@ -7,24 +7,34 @@
 local function corrupt(name, reason, meta)
   error({corrupt = name, reason = reason, meta = meta or false}, 0)
 end
--- seq, etag, digest, tag pairs of a record's metadata (the tags JSON is
--- parsed by the client), or nil when damaged (a missing field, a seq that
--- is not an integer)
-local function parse_meta(meta)
+-- where the four first fields of a record's metadata end (seq, etag,
+-- digest, tag pairs; the tags JSON after them is parsed by the client), or
+-- nil when damaged (a missing field, a seq that is not an integer); cuts
+-- nothing out (no garbage)
+local function meta_ends(meta)
   local a = string.find(meta, "\n", 1, true)
   local b = a and string.find(meta, "\n", a + 1, true)
   local c = b and string.find(meta, "\n", b + 1, true)
   local d = c and string.find(meta, "\n", c + 1, true)
-  if not d then return nil end
-  local seq = string.sub(meta, 1, a - 1)
-  if not string.find(seq, "^%d+$") then return nil end
-  return seq, string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+  if not d or not string.find(meta, "^%d+\n") then return nil end
+  return a, b, c, d
 end
+-- seq, etag, digest, tag pairs of a record's metadata, or nil when damaged
+local function parse_meta(meta)
+  local a, b, c, d = meta_ends(meta)
+  if not a then return nil end
+  return string.sub(meta, 1, a - 1), string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+end
+local META_DAMAGE = "its metadata is not seq, etag, digest, tag pairs, tags"
 -- the same, damage aborting
 local function meta_parts(name, meta)
   local seq, etag, digest, pairs = parse_meta(meta)
-  if not seq then corrupt(name, "its metadata is not seq, etag, digest, tag pairs, tags", meta) end
+  if not seq then corrupt(name, META_DAMAGE, meta) end
   return seq, etag, digest, pairs
+end
+-- the shape check of meta_parts alone, damage aborting
+local function check_meta(name, meta)
+  if not meta_ends(meta) then corrupt(name, META_DAMAGE, meta) end
 end
 -- main() with damage turned into the reply {code, name, reason, meta}: what
 -- corrupt() raised, or a key of ours holding the wrong type (the key named),

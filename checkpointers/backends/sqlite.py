@@ -854,6 +854,7 @@ class _Connection(sqlite3.Connection):
         self.records: dict[str, dict[str, tuple[str, str, int, Mapping[str, str]]]] = {}
         self.vacuums: bool | None = None  #: ``auto_vacuum`` is not ``NONE`` (None: not asked yet)
         self.retention: list[Retention] = []  #: the owning backend's retention, boxed (see :func:`_ttl`)
+        self.read_cache = _ReadCache()  #: what this connection read, while valid (read connections only)
 
     def known_base(self, pkey: str) -> int | None:
         """The remembered base of ``pkey`` if still current (call inside the write transaction)."""
@@ -1595,9 +1596,7 @@ def _fresh(result: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _read_through(
-    conn: sqlite3.Connection, read: Callable[..., list[Any]], key: Any, pkey: str, *args: Any
-) -> list[Any]:
+def _read_through(conn: _Connection, read: Callable[..., list[Any]], key: Any, pkey: str, *args: Any) -> list[Any]:
     """``read(conn, *args)``, served from the connection's :class:`_ReadCache` while that is valid.
 
     ``pkey`` is the one partition the read reads (its expiry bounds the
@@ -1609,11 +1608,8 @@ def _read_through(
     if conn.in_transaction:  # a snapshot of its own: not the cache's to judge
         return read(conn, *args)
     key = (pkey, key)  # the partition is always part of what was read: never served to another
-    cache: _ReadCache | None = getattr(conn, "read_cache", None)
-    if cache is None:
-        cache = _ReadCache()
-        setattr(conn, "read_cache", cache)  # noqa: B010 - pooled connections gain it on first use
-    box: Sequence[Retention] | None = getattr(conn, "retention", None)  # the backend's clock (cp_now)
+    cache = conn.read_cache
+    box = conn.retention  # the backend's clock (cp_now), set by SqliteBackend._connect
     entry = cache.entries.get(key)
     unknown = entry is not None and pkey not in cache.expiries
     if unknown:  # the version and the partition's expiry from one snapshot: one statement
@@ -1627,13 +1623,13 @@ def _read_through(
         if unknown:
             cache.expiries[pkey] = _expiry_of(stored)
         expires = cache.expiries[pkey]
-        if expires is None or (box is not None and max(entry[2], _box_now(box)) < expires):
+        if expires is None or max(entry[2], _box_now(box)) < expires:
             cache.entries[key] = cache.entries.pop(key)  # most recently used
             return _fresh(entry[0])
     # A statement of its own, at ``version`` or later: a commit in between
     # changes the next ``data_version``, which drops the entry unserved.
     result = read(conn, *args)
-    cache.keep(key, result, _box_now(box) if box is not None else math.inf)  # no clock: never served if expiring
+    cache.keep(key, result, _box_now(box))
     return result
 
 
@@ -1652,11 +1648,15 @@ def _query_key(query: ListQuery) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+def _get_key(names: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """The cache key of a get of ``names``; None: not cached (more than one ``IN`` list: a transaction of its own)."""
+    return None if len(names) > _CHUNK else ("get", names)
+
+
 def _read_key(op: GetOp | ListOp) -> tuple[Any, ...] | None:
     """The cache key of one read of :meth:`SqliteBackend.many`; None: not cached (a get of many names)."""
     if isinstance(op, GetOp):
-        names = tuple(op.names)
-        return None if len(names) > _CHUNK else ("get", names)
+        return _get_key(tuple(op.names))
     return ("list", _query_key(op.query))
 
 
@@ -1899,10 +1899,11 @@ class SqliteBackend(Backend):
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
         names = tuple(names)
         pkey = partition.key
-        if len(names) <= _CHUNK:  # more: several statements in a transaction of their own, not cached
-            found = self._run(_read_through, _get, ("get", names), pkey, pkey, names)
-        else:
+        key = _get_key(names)
+        if key is None:
             found = self._run(_get, pkey, names)
+        else:
+            found = self._run(_read_through, _get, key, pkey, pkey, names)
         self._read(partition)
         return found
 

@@ -306,12 +306,23 @@ def _live(s: str) -> str:
     return f"NOT EXISTS (SELECT 1 FROM {s}.partitions AS e WHERE e.pkey = %b AND e.expires_at <= %b)"
 
 
+def _by_key(s: str, cols: str, name: str) -> str:
+    """The record of the partition (a parameter) named ``name`` (a column of the outer query), for ``LATERAL``.
+
+    Not joined: a join lets a planner that believes the partition holds
+    about one row scan it once per outer row and filter on the name, where
+    this subquery (kept apart by ``OFFSET 0``) can only look the key up.
+    """
+    return f"SELECT {cols} FROM {s}.records AS r WHERE r.pkey = %b AND r.name = {name} OFFSET 0"
+
+
 def _get_op(s: str, partition: Partition, names: Sequence[str], now: float) -> _Op[builtins.list[Record | None]]:
     if not names:
         return []
     rows = yield _Stmt(
-        f"SELECT {_COLUMNS} FROM {s}.records AS r WHERE r.pkey = %b AND r.name = ANY (%b::text[]) AND {_live(s)}",
-        (partition.key, builtins.list(names), partition.key, now),
+        f"SELECT r.* FROM unnest(%b::text[]) AS n (name) CROSS JOIN LATERAL ({_by_key(s, _COLUMNS, 'n.name')}) AS r "
+        f"WHERE {_live(s)}",
+        (builtins.list(names), partition.key, partition.key, now),
     )
     found = {row[0]: _record(row) for row in rows}
     return [found.get(n) for n in names]
@@ -482,12 +493,59 @@ def _list_where(
     return where, params
 
 
+#: Above every name (names are ASCII, see :mod:`.base`): the upper end of a name range that has none.
+_ABOVE_NAMES = "\x80"
+#: The seqs of a seq range that has no lower or upper end (bigint).
+_FIRST_SEQ, _LAST_SEQ = -(2**63), 2**63 - 1
+
+
+def _walk_sql(s: str, partition: Partition, query: ListQuery, now: float, cols: str) -> tuple[str, builtins.list[Any]]:
+    """A limited read without tags or with one: ``pick_records`` or ``pick_tagged`` (migration 6)
+    walks the index in the query's order to the limit, then each record is read by its key.
+
+    Whatever the planner believes of the partition's size, the walk reads
+    the limit's entries and those its filters skip, never the whole range.
+    """
+    bounds = _name_range(query.prefix)
+    assert bounds is not None  # checked by the caller
+    low, high = bounds
+    first, last = _FIRST_SEQ, _LAST_SEQ
+    if query.order == "name":
+        if query.start is not None:
+            low = max(low, str(query.start))
+        if query.stop is not None:
+            high = str(query.stop) if high is None else min(high, str(query.stop))
+    else:
+        if query.start is not None:
+            first = int(query.start)
+        if query.stop is not None:
+            last = int(query.stop) - 1
+    slashes = None if query.depth is None else query.prefix.count("/") + query.depth
+    walk: builtins.list[Any] = [partition.key]
+    pick = "pick_records(%b, "
+    if query.tags:
+        ((k, v),) = query.tags.items()
+        walk += [_text(k), _text(v)]
+        pick = "pick_tagged(%b, %b, %b, "
+    walk += [low, _ABOVE_NAMES if high is None else high, slashes, query.order == "seq", first, last]
+    sql = (
+        f"SELECT r.* FROM {s}.{pick}%b, %b, %b::int, %b, %b::bigint, %b::bigint, %b::bigint, %b) "
+        f"WITH ORDINALITY AS k (name, i) CROSS JOIN LATERAL ({_by_key(s, cols, 'k.name')}) AS r "
+        f"WHERE {_live(s)} ORDER BY k.i"
+    )
+    return sql, [*walk, query.limit, query.descending, partition.key, partition.key, now]
+
+
 def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tuple[str, builtins.list[Any]]:
     """The ``SELECT`` of the records ``query`` selects, ordered and limited, every filter in SQL."""
     cols = _COLUMNS if query.values else _META_COLUMNS
     direction = "DESC" if query.descending else "ASC"
+    if query.limit is not None and len(query.tags) <= 1:
+        return _walk_sql(s, partition, query, now, cols)
     if not query.tags:
         where, params = _list_where(s, "r", partition, query, now)
+        if query.order == "seq":
+            where[0] = "(r.pkey || '') = %b"  # the key of records_seq, and of no other index
         sql = f"SELECT {cols} FROM {s}.records AS r WHERE {' AND '.join(where)} ORDER BY r.{query.order} {direction}"
     else:
         # walk the first tag's index in the query's order; the others are checked per row
@@ -502,9 +560,10 @@ def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tup
             )
             params += [_text(k), _text(v)]
         sql = (
-            f"SELECT {cols} FROM {s}.tags AS t JOIN {s}.records AS r ON r.pkey = t.pkey AND r.name = t.name "
+            f"SELECT r.* FROM {s}.tags AS t CROSS JOIN LATERAL ({_by_key(s, cols, 't.name')}) AS r "
             f"WHERE {' AND '.join(where)} ORDER BY t.{query.order} {direction}"
         )
+        params.insert(0, partition.key)  # _by_key's
     if query.limit is not None:
         sql += " LIMIT %b"
         params.append(query.limit)
@@ -525,8 +584,8 @@ def _list_op(s: str, partition: Partition, query: ListQuery, now: float) -> _Op[
     rows = yield _Stmt(
         f"WITH p AS MATERIALIZED ({sql}) "
         "SELECT 0, p.name, p.* FROM p UNION ALL "
-        f"SELECT 1, p.name, {cols.replace('r.', 'c.')} FROM p JOIN {s}.records AS c ON c.pkey = %b "
-        "AND c.name >= p.name || '/' AND c.name < p.name || '0'",
+        f"SELECT 1, p.name, c.* FROM p CROSS JOIN LATERAL (SELECT {cols} FROM {s}.records AS r "
+        "WHERE r.pkey = %b AND r.name >= p.name || '/' AND r.name < p.name || '0' OFFSET 0) AS c",
         (*params, partition.key),
     )
     return _with_children(query, rows)

@@ -63,12 +63,22 @@ READS: dict[str, tuple[ListQuery | list[str], list[str], int]] = {
     "newest_seq": (ListQuery(order="seq", descending=True, limit=1), ["c/_/00003000/w/2"], 10),
     "tagged_seq": (  # the Agent Framework face's latest checkpoint
         ListQuery(prefix="c/", order="seq", descending=True, limit=1, tags={"src": "loop"}),
+        ["c/_/00002999"],
+        10,
+    ),
+    "rare_tagged_seq": (
+        ListQuery(prefix="c/", order="seq", descending=True, limit=1, tags={"src": "input"}),
         ["c/_/00003000"],
         10,
     ),
     "tagged_name": (  # LangGraph's list(filter=..., limit=10)
         ListQuery(prefix="c/_/", depth=0, descending=True, limit=10, tags={"src": "loop"}),
-        [f"c/_/{n:08d}" for n in range(3000, 2990, -1)],
+        [f"c/_/{n:08d}" for n in range(2999, 2989, -1)],
+        150,
+    ),
+    "rare_tagged_name": (
+        ListQuery(prefix="c/_/", depth=0, descending=True, limit=10, tags={"src": "input"}),
+        [f"c/_/{n:08d}" for n in range(3000, 2000, -100)],
         150,
     ),
 }
@@ -113,6 +123,12 @@ def schema(
             _analyze(admin, s)
             _empty(admin, s, THREAD)
         _fill(admin, s, THREAD.key, CHECKPOINTS)
+        # one checkpoint in a hundred is tagged src=input instead: a rare tag value
+        admin.execute(f"UPDATE {s}.tags SET v = '\"input\"' WHERE pkey = %s AND name LIKE '%%00'", (THREAD.key,))
+        admin.execute(
+            f"UPDATE {s}.records SET tags = '{{\"src\":\"input\"}}' WHERE pkey = %s AND tags <> '{{}}' AND name LIKE '%%00'",
+            (THREAD.key,),
+        )
         yield s
     finally:
         admin.execute(f"DROP SCHEMA {s} CASCADE")

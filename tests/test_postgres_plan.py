@@ -126,7 +126,8 @@ def schema(
         # one checkpoint in a hundred is tagged src=input instead: a rare tag value
         admin.execute(f"UPDATE {s}.tags SET v = '\"input\"' WHERE pkey = %s AND name LIKE '%%00'", (THREAD.key,))
         admin.execute(
-            f"UPDATE {s}.records SET tags = '{{\"src\":\"input\"}}' WHERE pkey = %s AND tags <> '{{}}' AND name LIKE '%%00'",
+            f"UPDATE {s}.records SET tags = '{{\"src\":\"input\"}}' "
+            "WHERE pkey = %s AND tags <> '{}' AND name LIKE '%%00'",
             (THREAD.key,),
         )
         yield s

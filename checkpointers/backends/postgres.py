@@ -14,7 +14,8 @@ Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
 ``records(pkey, name, seq, etag, digest, tags, value)``
     one row per record, primary key ``(pkey, name)`` (``pkey`` is
     :attr:`Partition.key`, names in ``"C"`` collation: byte order, which is
-    the contract's name order); index ``(pkey, seq)``. ``tags`` is the
+    the contract's name order); index ``(pkey || '', seq)``, which only
+    the reads in seq order name (migration 6). ``tags`` is the
     record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea.
 ``tags(pkey, name, k, v, seq)``
     one row per tag (key and value JSON-encoded, so any string is stored
@@ -57,10 +58,15 @@ a partition, also across a drop.
 Reads, pipelines, PgBouncer
 ---------------------------
 
-``get`` is one ``SELECT ... name = ANY(...)``; ``list`` one ``SELECT`` on the
-primary key or a tag index (with ``children``, one statement with a
-materialized CTE: one snapshot); ``partitions`` reads the registry by
-``user_key``. :meth:`PostgresBackend.many` sends independent reads in one
+``get`` is one ``SELECT`` reading each name by its key; ``list`` one
+``SELECT`` (with ``children``, one statement with a materialized CTE: one
+snapshot). A limited ``list`` with at most one tag picks its names with
+``pick_records`` / ``pick_tagged`` (plpgsql, ``SET enable_sort = off``: the
+walk of the index in its order, stopped at the limit, is the only plan
+without a sort) and reads the records by key in ``LATERAL (... OFFSET 0)``
+subqueries, so no plan reads the whole partition whatever the planner
+believes of its size (``docs/postgres.md``); ``partitions`` reads the
+registry by ``user_key``. :meth:`PostgresBackend.many` sends independent reads in one
 psycopg pipeline (one round trip). Nothing relies on session state across
 transactions. Statements are prepared on the server from their first use
 (``prepare_threshold=0``, as ``PostgresSaver``'s connections do: the latest

@@ -60,13 +60,14 @@ Reads, pipelines, PgBouncer
 
 ``get`` is one ``SELECT`` reading each name by its key; ``list`` one
 ``SELECT`` (with ``children``, one statement with a materialized CTE: one
-snapshot). A limited ``list`` with at most one tag picks its names with
+snapshot). A limited ``list`` with at most one tag reads its records with
 ``pick_records`` / ``pick_tagged`` (plpgsql, ``SET enable_sort = off``: the
 walk of the index in its order, stopped at the limit, is the only plan
-without a sort) and reads the records by key in ``LATERAL (... OFFSET 0)``
-subqueries, so no plan reads the whole partition whatever the planner
-believes of its size (``docs/postgres.md``); ``partitions`` reads the
-registry by ``user_key``. :meth:`PostgresBackend.many` sends independent reads in one
+without a sort); other records read by name (``get``, children, tag joins)
+are read by key in ``LATERAL (... OFFSET 0)`` subqueries. So no plan reads
+the whole partition, whatever the planner believes of its size
+(``docs/postgres.md``). ``partitions`` reads the registry by ``user_key``.
+:meth:`PostgresBackend.many` sends independent reads in one
 psycopg pipeline (one round trip). Nothing relies on session state across
 transactions. Statements are prepared on the server from their first use
 (``prepare_threshold=0``, as ``PostgresSaver``'s connections do: the latest
@@ -505,9 +506,9 @@ _ABOVE_NAMES = "\x80"
 _FIRST_SEQ, _LAST_SEQ = -(2**63), 2**63 - 1
 
 
-def _walk_sql(s: str, partition: Partition, query: ListQuery, now: float, cols: str) -> tuple[str, builtins.list[Any]]:
+def _walk_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tuple[str, builtins.list[Any]]:
     """A limited read without tags or with one: ``pick_records`` or ``pick_tagged`` (migration 6)
-    walks the index in the query's order to the limit, then each record is read by its key.
+    walks the index in the query's order to the limit.
 
     Whatever the planner believes of the partition's size, the walk reads
     the limit's entries and those its filters skip, never the whole range.
@@ -535,11 +536,10 @@ def _walk_sql(s: str, partition: Partition, query: ListQuery, now: float, cols: 
         pick = "pick_tagged(%b, %b, %b, "
     walk += [low, _ABOVE_NAMES if high is None else high, slashes, query.order == "seq", first, last]
     sql = (
-        f"SELECT r.* FROM {s}.{pick}%b, %b, %b::int, %b, %b::bigint, %b::bigint, %b::bigint, %b) "
-        f"WITH ORDINALITY AS k (name, i) CROSS JOIN LATERAL ({_by_key(s, cols, 'k.name')}) AS r "
-        f"WHERE {_live(s)} ORDER BY k.i"
+        f"SELECT {_COLUMNS} FROM {s}.{pick}%b, %b, %b::int, %b, %b::bigint, %b::bigint, %b::bigint, %b, %b) "
+        f"WITH ORDINALITY AS r (name, seq, etag, digest, tags, value, i) WHERE {_live(s)} ORDER BY r.i"
     )
-    return sql, [*walk, query.limit, query.descending, partition.key, partition.key, now]
+    return sql, [*walk, query.limit, query.descending, query.values, partition.key, now]
 
 
 def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tuple[str, builtins.list[Any]]:
@@ -547,7 +547,7 @@ def _pick_sql(s: str, partition: Partition, query: ListQuery, now: float) -> tup
     cols = _COLUMNS if query.values else _META_COLUMNS
     direction = "DESC" if query.descending else "ASC"
     if query.limit is not None and len(query.tags) <= 1:
-        return _walk_sql(s, partition, query, now, cols)
+        return _walk_sql(s, partition, query, now)
     if not query.tags:
         where, params = _list_where(s, "r", partition, query, now)
         if query.order == "seq":

@@ -703,10 +703,11 @@ $fn$
 --   the partition by that expression, can use it. On (pkey, seq) it also
 --   served "pkey = $1" and was taken for lookups by name and for the
 --   children of a pick, reading the whole partition.
--- * pick_records and pick_tagged: the names of a limited read (in name or
---   seq order, down or up, in [p_lo, p_hi), seqs in [p_first, p_last],
---   p_slashes '/' in the name unless NULL), walked along the one index that
---   is in that order, stopped at the limit. Their SET makes every plan that
+-- * pick_records and pick_tagged: the records of a limited read (in name or
+--   seq order, down or up, names in [p_lo, p_hi), seqs in [p_first,
+--   p_last], p_slashes '/' in the name unless NULL; values empty unless
+--   p_values), walked along the one index that is in that order, stopped at
+--   the limit; pick_tagged reads each record by its key. Their SET makes every plan that
 --   sorts cost more than any plan that does not, so the planner cannot trade
 --   the walk for a scan and a sort. pick_tagged bounds the whole key of its
 --   index, (pkey, k, v, name or seq), as one row and orders by it, so no
@@ -719,28 +720,33 @@ DROP INDEX @schema.records_seq
 CREATE INDEX records_seq ON @schema.records ((pkey || ''), seq)
 ;;
 CREATE FUNCTION @schema.pick_records(
-    p_pkey text, p_lo text, p_hi text, p_slashes int, p_by_seq boolean, p_first bigint, p_last bigint, p_limit bigint, p_desc boolean
-) RETURNS SETOF text
+    p_pkey text, p_lo text, p_hi text, p_slashes int, p_by_seq boolean, p_first bigint, p_last bigint, p_limit bigint, p_desc boolean, p_values boolean
+) RETURNS TABLE (name text, seq bigint, etag text, digest text, tags text, value bytea)
 LANGUAGE plpgsql STABLE ROWS 10
 SET enable_sort = off SET enable_incremental_sort = off
 AS $fn$
+#variable_conflict use_column
 BEGIN
     IF p_by_seq AND p_desc THEN
-        RETURN QUERY SELECT r.name FROM @schema.records AS r
+        RETURN QUERY SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+            FROM @schema.records AS r
             WHERE (r.pkey || '') = p_pkey AND r.seq >= p_first AND r.seq <= p_last
                 AND r.name >= p_lo AND r.name < p_hi AND (p_slashes IS NULL OR length(r.name) - length(replace(r.name, '/', '')) = p_slashes)
             ORDER BY r.seq DESC LIMIT p_limit;
     ELSIF p_by_seq THEN
-        RETURN QUERY SELECT r.name FROM @schema.records AS r
+        RETURN QUERY SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+            FROM @schema.records AS r
             WHERE (r.pkey || '') = p_pkey AND r.seq >= p_first AND r.seq <= p_last
                 AND r.name >= p_lo AND r.name < p_hi AND (p_slashes IS NULL OR length(r.name) - length(replace(r.name, '/', '')) = p_slashes)
             ORDER BY r.seq LIMIT p_limit;
     ELSIF p_desc THEN
-        RETURN QUERY SELECT r.name FROM @schema.records AS r
+        RETURN QUERY SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+            FROM @schema.records AS r
             WHERE r.pkey = p_pkey AND r.name >= p_lo AND r.name < p_hi AND (p_slashes IS NULL OR length(r.name) - length(replace(r.name, '/', '')) = p_slashes)
             ORDER BY r.name DESC LIMIT p_limit;
     ELSE
-        RETURN QUERY SELECT r.name FROM @schema.records AS r
+        RETURN QUERY SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+            FROM @schema.records AS r
             WHERE r.pkey = p_pkey AND r.name >= p_lo AND r.name < p_hi AND (p_slashes IS NULL OR length(r.name) - length(replace(r.name, '/', '')) = p_slashes)
             ORDER BY r.name LIMIT p_limit;
     END IF;
@@ -748,29 +754,38 @@ END
 $fn$
 ;;
 CREATE FUNCTION @schema.pick_tagged(
-    p_pkey text, p_k text, p_v text, p_lo text, p_hi text, p_slashes int, p_by_seq boolean, p_first bigint, p_last bigint, p_limit bigint, p_desc boolean
-) RETURNS SETOF text
+    p_pkey text, p_k text, p_v text, p_lo text, p_hi text, p_slashes int, p_by_seq boolean, p_first bigint, p_last bigint, p_limit bigint, p_desc boolean, p_values boolean
+) RETURNS TABLE (name text, seq bigint, etag text, digest text, tags text, value bytea)
 LANGUAGE plpgsql STABLE ROWS 10
 SET enable_sort = off SET enable_incremental_sort = off
 AS $fn$
+#variable_conflict use_column
 BEGIN
     IF p_by_seq AND p_desc THEN
-        RETURN QUERY SELECT t.name FROM @schema.tags AS t
+        RETURN QUERY SELECT r.* FROM @schema.tags AS t CROSS JOIN LATERAL (
+                SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+                FROM @schema.records AS r WHERE r.pkey = t.pkey AND r.name = t.name OFFSET 0) AS r
             WHERE (t.pkey, t.k, t.v, t.seq) >= (p_pkey, p_k, p_v, p_first) AND (t.pkey, t.k, t.v, t.seq) <= (p_pkey, p_k, p_v, p_last)
                 AND t.name >= p_lo AND t.name < p_hi AND (p_slashes IS NULL OR length(t.name) - length(replace(t.name, '/', '')) = p_slashes)
             ORDER BY t.pkey DESC, t.k DESC, t.v DESC, t.seq DESC LIMIT p_limit;
     ELSIF p_by_seq THEN
-        RETURN QUERY SELECT t.name FROM @schema.tags AS t
+        RETURN QUERY SELECT r.* FROM @schema.tags AS t CROSS JOIN LATERAL (
+                SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+                FROM @schema.records AS r WHERE r.pkey = t.pkey AND r.name = t.name OFFSET 0) AS r
             WHERE (t.pkey, t.k, t.v, t.seq) >= (p_pkey, p_k, p_v, p_first) AND (t.pkey, t.k, t.v, t.seq) <= (p_pkey, p_k, p_v, p_last)
                 AND t.name >= p_lo AND t.name < p_hi AND (p_slashes IS NULL OR length(t.name) - length(replace(t.name, '/', '')) = p_slashes)
             ORDER BY t.pkey, t.k, t.v, t.seq LIMIT p_limit;
     ELSIF p_desc THEN
-        RETURN QUERY SELECT t.name FROM @schema.tags AS t
+        RETURN QUERY SELECT r.* FROM @schema.tags AS t CROSS JOIN LATERAL (
+                SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+                FROM @schema.records AS r WHERE r.pkey = t.pkey AND r.name = t.name OFFSET 0) AS r
             WHERE (t.pkey, t.k, t.v, t.name) >= (p_pkey, p_k, p_v, p_lo) AND (t.pkey, t.k, t.v, t.name) < (p_pkey, p_k, p_v, p_hi)
                 AND (p_slashes IS NULL OR length(t.name) - length(replace(t.name, '/', '')) = p_slashes)
             ORDER BY t.pkey DESC, t.k DESC, t.v DESC, t.name DESC LIMIT p_limit;
     ELSE
-        RETURN QUERY SELECT t.name FROM @schema.tags AS t
+        RETURN QUERY SELECT r.* FROM @schema.tags AS t CROSS JOIN LATERAL (
+                SELECT r.name, r.seq, r.etag, r.digest, r.tags, CASE WHEN p_values THEN r.value ELSE ''::bytea END
+                FROM @schema.records AS r WHERE r.pkey = t.pkey AND r.name = t.name OFFSET 0) AS r
             WHERE (t.pkey, t.k, t.v, t.name) >= (p_pkey, p_k, p_v, p_lo) AND (t.pkey, t.k, t.v, t.name) < (p_pkey, p_k, p_v, p_hi)
                 AND (p_slashes IS NULL OR length(t.name) - length(replace(t.name, '/', '')) = p_slashes)
             ORDER BY t.pkey, t.k, t.v, t.name LIMIT p_limit;

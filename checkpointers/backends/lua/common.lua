@@ -65,8 +65,8 @@ local function guarded(code, main, on_damage)
   if on_damage then pcall(on_damage) end
   return {code, found[1], found[2], found[3]}
 end
-local function pad(seq)
-  return string.format("%016d", tonumber(seq))
+local function pad(seq)  -- a number or a string of digits (format converts it: no tonumber())
+  return string.format("%016d", seq)
 end
 local function push(list, a, b)
   list[#list + 1] = a
@@ -91,6 +91,10 @@ end
 -- args nil: nothing to send
 local function apply(cmd, key, args)
   if not args then return end
+  if #args <= 4000 then
+    if #args > 0 then redis.call(cmd, key, unpack(args)) end
+    return
+  end
   for s = 1, #args, 4000 do
     redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
   end

@@ -123,8 +123,10 @@ end
 -- 2. apply: collect every index change, then one command per key (old
 --    index members go before new ones, which may be equal to them). The
 --    lists of old members and removed fields are made when first needed
---    (most batches have none; an empty table costs a short command's worth)
-local x_new, t_new, n_new, r_new = {}, {}, {}, {}
+--    (most batches have none; an empty table costs a short command's worth).
+--    The lists most batches fill start with room for one put's pair (a
+--    table filled from {} rehashes on each growth; "#" still counts from 1)
+local x_new, t_new, n_new, r_new = {nil, nil}, {}, {nil, nil}, {nil, nil}
 local x_old, t_old, gone
 local function unindex(name, k, ancestors)  -- the index members of stored record k
   x_old, t_old = x_old or {}, t_old or {}

@@ -41,7 +41,7 @@ return guarded(3, function()
 -- 1. read what is stored (one HMGET) and check every condition; refuse the
 --    whole batch at the first failure. Record k (0-based like the conflict
 --    index: puts, then deletes) is stored[k + 1], false where absent.
-local fields = {}
+local fields = {nil, nil}  -- room for two (see step 2 on presized lists)
 for i = 1, np do fields[i] = "m:" .. A[i * PW - 5] end
 for j = 1, nd do fields[np + j] = "m:" .. A[D0 + j * DW - 3] end
 local stored = many("HMGET", r, fields)
@@ -69,7 +69,7 @@ for k = 1, np + nd do
     end
   end
 end
-local noop = {}
+local noop = {false, false}  -- presized too
 local function refuse(k, name)
   local empty = redis.call("EXISTS", n) == 0 and 1 or 0
   local out = {0, k - 1, stored[k], redis.call("HGET", r, "v:" .. name), empty}
@@ -126,8 +126,8 @@ end
 --    (most batches have none; an empty table costs a short command's worth).
 --    The lists most batches fill start with room for one put's pair (a
 --    table filled from {} rehashes on each growth; "#" still counts from 1)
-local x_new, t_new, n_new, r_new = {nil, nil}, {}, {nil, nil}, {nil, nil}
-local x_old, t_old, gone
+local x_new, n_new, r_new = {nil, nil}, {nil, nil}, {nil, nil}
+local t_new, x_old, t_old, gone
 local function unindex(name, k, ancestors)  -- the index members of stored record k
   x_old, t_old = x_old or {}, t_old or {}
   local p = parsed[k]
@@ -158,7 +158,7 @@ for i = 1, np do if not noop[i] then applied = applied + 1 end end
 -- applied put creates the counter, and whatever empties a partition removes
 -- it too (step 3 below, drop, a ttl expiring all the keys at once). A batch
 -- that applies no put cannot fill an empty partition: 0 is right for it.
-local out = {1, 0, 0}
+local out = {1, 0, 0, nil, nil}  -- room for two puts' metadata
 local seq = 0
 if applied > 0 then
   seq = redis.call("INCRBY", seqkey, applied) - applied
@@ -195,6 +195,7 @@ for i = 1, np do
       for a in string.gmatch(ancestors, "[^ ]+") do push(x_new, "0", a .. "|" .. s .. "|" .. name) end
     end
     if pairs ~= "" then
+      t_new = t_new or {nil, nil, nil, nil}
       for tp in string.gmatch(pairs, "[^ ]+") do
         push(t_new, "0", "s" .. tp .. "|" .. s .. "|" .. name)
         push(t_new, "0", "n" .. tp .. "|" .. name)

@@ -19,11 +19,12 @@ local function meta_ends(meta)
   if not d or not string.find(meta, "^%d+\n") then return nil end
   return a, b, c, d
 end
--- seq, etag, digest, tag pairs of a record's metadata, or nil when damaged
+-- seq, etag, digest, tag pairs of a record's metadata and where its tag
+-- pairs end (see inline_at), or nil when damaged
 local function parse_meta(meta)
   local a, b, c, d = meta_ends(meta)
   if not a then return nil end
-  return string.sub(meta, 1, a - 1), string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1)
+  return string.sub(meta, 1, a - 1), string.sub(meta, a + 1, b - 1), string.sub(meta, b + 1, c - 1), string.sub(meta, c + 1, d - 1), d
 end
 local META_DAMAGE = "its metadata is not seq, etag, digest, tag pairs, tags"
 -- the same, damage aborting
@@ -64,16 +65,18 @@ local function guarded(code, main, on_damage)
   if on_damage then pcall(on_damage) end
   return {code, found[1], found[2], found[3]}
 end
-local function pad(seq)
-  return string.format("%016d", tonumber(seq))
+local function pad(seq)  -- a number or a string of digits (format converts it: no tonumber())
+  return string.format("%016d", seq)
 end
 local function push(list, a, b)
   list[#list + 1] = a
   list[#list + 1] = b
 end
 -- one command over a long argument list, in chunks that unpack() can take;
--- returns the concatenated replies of the chunks
+-- returns the concatenated replies of the chunks (the reply itself when
+-- there is one chunk: no copy)
 local function many(cmd, key, args)
+  if #args > 0 and #args <= 4000 then return redis.call(cmd, key, unpack(args)) end
   local out = {}
   for s = 1, #args, 4000 do
     local reply = redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
@@ -84,18 +87,26 @@ local function many(cmd, key, args)
   return out
 end
 -- the same for a command whose replies are not needed (no result table: a
--- Lua table costs as much as a short redis.call's argument handling)
+-- Lua table costs as much as a short redis.call's argument handling);
+-- args nil: nothing to send
 local function apply(cmd, key, args)
+  if not args then return end
+  if #args <= 4000 then
+    if #args > 0 then redis.call(cmd, key, unpack(args)) end
+    return
+  end
   for s = 1, #args, 4000 do
     redis.call(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
   end
 end
 -- where the line holding an inline value starts in a record's metadata (the
 -- newline after its tags JSON, followed by "=" or "~"; the client splits the
--- field the same way), or nil: the value is in "v:<name>"
-local function inline_at(meta)
-  local at = 0
-  for _ = 1, 5 do
+-- field the same way), or nil: the value is in "v:<name>". pairs_end: where
+-- the tag pairs end, if known (parse_meta's fifth result): one find, not five
+local function inline_at(meta, pairs_end)
+  local at, lines = 0, 5
+  if pairs_end then at, lines = pairs_end, 1 end
+  for _ = 1, lines do
     at = string.find(meta, "\n", at + 1, true)
     if not at then return nil end
   end
@@ -105,8 +116,8 @@ local function inline_at(meta)
 end
 -- a record's metadata without its inline value: what a reply that returns
 -- no value carries (a listing without values, a kept put's record)
-local function meta_only(meta)
-  local at = inline_at(meta)
+local function meta_only(meta, pairs_end)
+  local at = inline_at(meta, pairs_end)
   if at then return string.sub(meta, 1, at - 1) end
   return meta
 end

@@ -278,17 +278,22 @@ def metadata_tags(metadata: Mapping[str, Any]) -> dict[str, str]:
     against the full filter, so both paths give exactly the brute-force result.
     """
     eligible: dict[str, str] = {}
+    known = _TAG_KEYS
     for key, value in metadata.items():
-        tkey = _tag_key(key)
+        tkey = known.get(key) if type(key) is str else None  # nearly every key: no call
         if tkey is None:
-            continue
-        kind = type(value)  # the two common scalars inline; tag_value gives the same for them
+            tkey = _tag_key(key)
+            if tkey is None:
+                continue
+        kind = type(value)  # the common kinds inline; tag_value gives the same for them
         if kind is str:
             tval: str | None = _json_str(value)
             if len(tval) > MAX_TAG_VALUE_LENGTH:  # type: ignore[arg-type]
                 continue
         elif kind is int and -_SMALL_INT < value < _SMALL_INT:
             tval = str(value)
+        elif kind is dict or value is None:  # never a tag ("parents" is a dict)
+            continue
         else:
             tval = tag_value(value)
             if tval is None:
@@ -1125,11 +1130,11 @@ class CheckpointLayout:
             tags=metadata_tags(metadata),  # valid by construction: at most 16, lengths checked, no NUL
             mode=Mode.APPEND,
         )
-        blob_puts = [
+        puts = [
             self.integrity.put(p, _blob_name(sha), data, etag=new_etag(), mode=Mode.APPEND, staged=True, sha=sha)
             for sha, data in plan.new_blobs.items()
-        ]
-        puts = [*blob_puts, record]
+        ] if plan.new_blobs else []  # most puts: no new blob (small values are inline)
+        puts.append(record)
         result = yield from self.write_batch(p, puts)
         if result.conflict is not None:
             labels = [f"blob {_blob_name(sha)} of {subject()}" for sha in plan.new_blobs] + [subject()]
@@ -1271,7 +1276,7 @@ class CheckpointLayout:
             return []
 
         def dump(chunk: list[tuple[int, str, Any]]) -> bytes:
-            payload = {"task_id": task_id, "task_path": task_path, "w": [list(w) for w in chunk]}
+            payload = {"task_id": task_id, "task_path": task_path, "w": list(map(list, chunk))}  # no frame of its own
             return self._dump(lambda: f"writes {chunk[0][0]}..{chunk[-1][0]} of {_text(subject)}", payload)
 
         try:

@@ -508,9 +508,12 @@ class Checkpointer(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 "configurable.checkpoint_id", "put_writes needs the id of the checkpoint the writes belong to"
             )
-        cid = _text("configurable.checkpoint_id", cid)
-        task_id = _text("task_id", task_id)
-        task_path = _text("task_path", task_path, "")
+        if type(cid) is not str:  # nearly every call: str ids, no call to check them
+            cid = _text("configurable.checkpoint_id", cid)
+        if type(task_id) is not str:
+            task_id = _text("task_id", task_id)
+        if type(task_path) is not str:
+            task_path = _text("task_path", task_path, "")
         for i, write in enumerate(writes):
             if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
                 raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")

@@ -432,6 +432,8 @@ def evaluate(
             if cur.digest != put.digest and content_digest(cur.digest) != content_digest(put.digest):
                 return Conflict(i, put.name, cur), noops
             noops.append(i)
+    if not deletes:  # nearly every batch
+        return None, noops
     for j, delete in enumerate(deletes):
         if delete.if_match is not None:
             cur = stored(delete.name)

@@ -2,9 +2,11 @@
 
 A flow (:mod:`checkpointers.flows`) is a generator that yields these and
 receives each one's result: ``call`` runs an operation with a backend's sync
-methods, ``acall`` with its async ones. They live under ``backends/`` so that
-a backend that batches them (Redis sends a :class:`Parallel` in one pipeline)
-imports nothing from the layers above it.
+methods, ``acall`` with its async ones (it returns the backend method's
+awaitable itself, not a coroutine of its own: one coroutine less per step).
+They live under ``backends/`` so that a backend that batches them (Redis
+sends a :class:`Parallel` in one pipeline) imports nothing from the layers
+above it.
 
 A flow does not yield an operation itself but goes through its helper, which
 yields it and returns its result *typed*, so mypy checks what each step
@@ -33,7 +35,7 @@ operation          backend method                  result
 from __future__ import annotations
 
 from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
 from .._names import Partition
@@ -62,6 +64,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_set = object.__setattr__
 #: What a step runs on (a :class:`Backend`, or Redis's transport for its round trips).
 Target = TypeVar("Target", contravariant=True)
 _On = TypeVar("_On")
@@ -77,23 +80,31 @@ class GetOp:
     def call(self, b: Backend) -> list[Record | None]:
         return b.get(self.partition, self.names)
 
-    async def acall(self, b: Backend) -> list[Record | None]:
-        return await b.aget(self.partition, self.names)
+    def acall(self, b: Backend) -> Awaitable[list[Record | None]]:
+        return b.aget(self.partition, self.names)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WriteOp:
-    """One atomic conditional batch."""
+    """One atomic conditional batch.
+
+    One is built per write: its ``__init__`` sets the instance dict in one
+    call, as :class:`~.base.Put` does (the generated frozen one sets each
+    field with ``object.__setattr__``). Same signature and default.
+    """
 
     partition: Partition
     puts: Sequence[Put]
-    deletes: Sequence[Delete] = field(default_factory=tuple)
+    deletes: Sequence[Delete] = ()
+
+    def __init__(self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> None:
+        _set(self, "__dict__", {"partition": partition, "puts": puts, "deletes": deletes})
 
     def call(self, b: Backend) -> WriteResult:
         return b.write(self.partition, self.puts, self.deletes)
 
-    async def acall(self, b: Backend) -> WriteResult:
-        return await b.awrite(self.partition, self.puts, self.deletes)
+    def acall(self, b: Backend) -> Awaitable[WriteResult]:
+        return b.awrite(self.partition, self.puts, self.deletes)
 
 
 @dataclass(frozen=True)
@@ -106,8 +117,8 @@ class ListOp:
     def call(self, b: Backend) -> list[Record]:
         return b.list(self.partition, self.query)
 
-    async def acall(self, b: Backend) -> list[Record]:
-        return await b.alist(self.partition, self.query)
+    def acall(self, b: Backend) -> Awaitable[list[Record]]:
+        return b.alist(self.partition, self.query)
 
 
 @dataclass(frozen=True)
@@ -120,8 +131,8 @@ class PartitionsOp:
     def call(self, b: Backend) -> list[str]:
         return b.partitions(self.user, self.space)
 
-    async def acall(self, b: Backend) -> list[str]:
-        return await b.apartitions(self.user, self.space)
+    def acall(self, b: Backend) -> Awaitable[list[str]]:
+        return b.apartitions(self.user, self.space)
 
 
 @dataclass(frozen=True)
@@ -133,8 +144,8 @@ class DropOp:
     def call(self, b: Backend) -> int:
         return b.drop(self.partition)
 
-    async def acall(self, b: Backend) -> int:
-        return await b.adrop(self.partition)
+    def acall(self, b: Backend) -> Awaitable[int]:
+        return b.adrop(self.partition)
 
 
 @dataclass(frozen=True)

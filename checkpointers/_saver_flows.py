@@ -69,6 +69,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from ormsgpack import unpackb as _unpackb
 
 from ._flows import (
     Flow,
@@ -87,7 +88,7 @@ from ._flows import (
 from ._integrity import Integrity
 from ._names import MAX_TAG_KEY_LENGTH, MAX_TAG_VALUE_LENGTH, MAX_TAGS, Partition, check_size
 from ._names import encode_component as enc
-from ._serde import SafeSerializer
+from ._serde import UNPACK_OPTION, SafeSerializer
 from .backends.base import Delete, ListQuery, Mode, Put, Record, WriteResult, content_digest
 from .errors import (
     ConcurrencyError,
@@ -966,14 +967,14 @@ class CheckpointLayout:
     verified: VerifiedRecords = field(default_factory=lambda: VerifiedRecords())
     #: ``serde.loads_msgpack`` when ``serde`` is a :class:`SafeSerializer` decoding as it does, else None.
     _msgpack: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
-    #: ``serde.msgpack_decoder()`` then (see :meth:`_payload`), else None.
-    _fast: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
+    #: ``serde.msgpack_hook()`` then (see :meth:`_payload`), else None.
+    _hook: Callable[[int, bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         serde = self.serde
         if isinstance(serde, SafeSerializer) and type(serde).loads_typed is SafeSerializer.loads_typed:
             object.__setattr__(self, "_msgpack", serde.loads_msgpack)
-            object.__setattr__(self, "_fast", serde.msgpack_decoder())
+            object.__setattr__(self, "_hook", serde.msgpack_hook())
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
         """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`.
@@ -1031,14 +1032,14 @@ class CheckpointLayout:
         Any failure decodes them one by one again, so the error names its channel.
         """
         inline = s.inline
-        fast = self._fast
-        if fast is not None:
+        hook = self._hook
+        if hook is not None:
             values: dict[str, Any] = {}
             try:
                 for ch, data in inline.items():
                     if not data.startswith(_MSGPACK_FRAME):
                         break
-                    values[ch] = fast(data[8:])
+                    values[ch] = _unpackb(data[8:], ext_hook=hook, option=UNPACK_OPTION)
                 else:
                     return values
             except Exception:  # noqa: BLE001, S110 - decoded again below, one by one, to name the channel
@@ -1052,13 +1053,13 @@ class CheckpointLayout:
         decoding failed: the caller loads it again with :meth:`_load` and
         its label, which raises the error naming it (both are deterministic).
         """
-        fast = self._fast
+        hook = self._hook
         data = record.value
-        if fast is None or type(data) is not bytes or not data.startswith(_MSGPACK_FRAME):
+        if hook is None or type(data) is not bytes or not data.startswith(_MSGPACK_FRAME):
             return _SLOW
         try:
             self.verified.check(self.integrity, p, record, record.name)
-            return fast(data[8:])
+            return _unpackb(data[8:], ext_hook=hook, option=UNPACK_OPTION)
         except Exception:  # noqa: BLE001 - loaded again by the caller, with its label, to raise the error
             return _SLOW
 
@@ -1069,6 +1070,11 @@ class CheckpointLayout:
         try:
             if payload["v"] not in _FORMATS:
                 raise ValueError(f"unknown record format {payload['v']!r}")
+            inline = payload["inline"] if "inline" in payload else {}  # format 1: none
+            for b in inline.values():  # decoded for this call alone: kept as is when every value is bytes
+                if type(b) is not bytes:
+                    inline = {ch: bytes(b) for ch, b in inline.items()}
+                    break
             return CheckpointRecord(
                 record.name,
                 payload["ns"],
@@ -1077,10 +1083,10 @@ class CheckpointLayout:
                 payload["checkpoint"],
                 payload["metadata"],
                 payload["blobs"],
-                {ch: bytes(b) for ch, b in payload.get("inline", {}).items()},
+                inline,
                 payload["v"],
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             label = _record_label("checkpoint record", record, p)
             raise CorruptItemError(_text(label), f"unexpected layout ({exc!r})") from exc
 
@@ -1328,7 +1334,7 @@ class CheckpointLayout:
             q = ListQuery(prefix=name, depth=0, limit=1, children=True)
         else:
             q = _latest_query(ns)
-        recs = yield from listing(p, q)
+        recs: list[Record] = yield ListOp(p, q)  # ``listing``, without its generator (one per get)
         rec = recs[0] if recs and (not cid or recs[0].name == name) else None
         if rec is None:
             return None

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -90,7 +89,8 @@ _DATA_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_DELTA_SNAPSHOT", "EXT_NUMPY_ARRAY") if hasattr(_jsonplus, n)
 )
 _READ_FRAMES = ("null", "bytes", "bytearray", "msgpack")
-_NON_STR_KEYS = ormsgpack.OPT_NON_STR_KEYS
+#: The ``option`` of every decoding: LangGraph's (maps with non-string keys).
+UNPACK_OPTION = ormsgpack.OPT_NON_STR_KEYS
 _PYDANTIC_EXTS = frozenset(
     getattr(_jsonplus, n) for n in ("EXT_PYDANTIC_V1", "EXT_PYDANTIC_V2") if hasattr(_jsonplus, n)
 )
@@ -240,20 +240,23 @@ class SafeSerializer(JsonPlusSerializer):
         blocked = self._blocked
         blocked.type = blocked.unknown = None
         try:  # what JsonPlusSerializer.loads_typed does for a msgpack frame
-            return ormsgpack.unpackb(data, ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
+            return ormsgpack.unpackb(data, ext_hook=self._unpack_ext_hook, option=UNPACK_OPTION)
         except Exception:
             self._raise_blocked()
             raise
 
-    def msgpack_decoder(self) -> Callable[[bytes], Any]:
-        """The decoding :meth:`loads_msgpack` does, as one C call, for a caller that retries failures.
+    def msgpack_hook(self) -> Callable[[int, bytes], Any]:
+        """The extension hook of :meth:`loads_msgpack`, for a caller that decodes and retries failures itself.
 
+        ``ormsgpack.unpackb(data, ext_hook=serde.msgpack_hook(), option=UNPACK_OPTION)``
+        decodes exactly as :meth:`loads_msgpack` does on success, in one C
+        call (no frame of ours, no keyword dict of a ``functools.partial``).
         It neither resets nor reads the record of what the hook blocked, so a
         failure raises an undescriptive error: call :meth:`loads_msgpack` on
         the same bytes then (it resets first, and raises the error that
-        names the blocked type). A success decodes exactly as it does.
+        names the blocked type).
         """
-        return functools.partial(ormsgpack.unpackb, ext_hook=self._unpack_ext_hook, option=_NON_STR_KEYS)
+        return self._unpack_ext_hook
 
     def _raise_blocked(self) -> None:
         """In a failed decode: raise the error naming the blocked type or unknown extension, if the hook met one."""

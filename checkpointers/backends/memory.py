@@ -56,7 +56,13 @@ class _Part:
         return [self.records[n] for n in self.names[i:j]]
 
     def walk(self, query: ListQuery) -> Iterator[Record]:
-        """Candidates in the query's order (filters still to be applied)."""
+        """Candidates in the query's order.
+
+        Name order: exactly the names under the prefix (``[prefix,
+        _prefix_end(prefix))``) and in the start/stop range, so depth and tags
+        are the only filters left (``MemoryBackend.list`` relies on it). Seq
+        order: every record, every filter still to apply.
+        """
         if query.order == "seq":
             # Consumed under the backend lock (see ``list``): no copy needed.
             yield from (reversed(self.records.values()) if query.descending else self.records.values())
@@ -66,12 +72,25 @@ class _Part:
             lo = str(query.start)
         i = bisect.bisect_left(self.names, lo)
         j = len(self.names)
-        if query.prefix:
-            j = bisect.bisect_left(self.names, query.prefix + "\U0010ffff")
+        end = _prefix_end(query.prefix)
+        if end is not None:
+            j = bisect.bisect_left(self.names, end)
         if query.stop is not None:
             j = min(j, bisect.bisect_left(self.names, str(query.stop)))
         for k in range(j - 1, i - 1, -1) if query.descending else range(i, j):
             yield self.records[self.names[k]]
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The lowest string above every string starting with ``prefix`` (None: no bound, as for ``""``).
+
+    ``prefix`` without its trailing U+10FFFF characters, its last character
+    then one code point up: a string ``>= prefix`` and below this starts
+    with ``prefix``. (``prefix + "\U0010ffff"`` would leave out the names
+    that continue with U+10FFFF.)
+    """
+    stem = prefix.rstrip("\U0010ffff")
+    return stem[:-1] + chr(ord(stem[-1]) + 1) if stem else None
 
 
 #: What ``evaluate`` checks a batch against in a partition not yet created.
@@ -103,13 +122,20 @@ class MemoryBackend(Backend):
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 
-    def _live(self, partition: Partition, now: float) -> _Part | None:
-        """The partition if present and not expired (a read; refreshed when due). Under the lock."""
+    def _live(self, partition: Partition, now: float | None = None) -> _Part | None:
+        """The partition if present and not expired (a read; refreshed when due). Under the lock.
+
+        ``now`` None: the clock is read only for a partition with an expiry (the only one it can change).
+        """
         key = partition.key
         part = self._data.get(key)
         if part is None:
             return None
         expires_at = self._expiry.get(key)
+        if expires_at is None:  # never expires, nothing to refresh
+            return part
+        if now is None:
+            now = self.retention.now()
         if self.retention.expired(expires_at, now):
             return None
         if self.retention.refresh_due(expires_at, now):
@@ -117,9 +143,8 @@ class MemoryBackend(Backend):
         return part
 
     def get(self, partition: Partition, names: Sequence[str]) -> list[Record | None]:
-        now = self.retention.now()
         with self._lock:
-            part = self._live(partition, now)
+            part = self._live(partition)
             return [part.records.get(n) if part else None for n in names]
 
     def write(
@@ -177,14 +202,21 @@ class MemoryBackend(Backend):
         found: list[Record] = []
         if query.limit == 0:
             return found
-        now = self.retention.now()
         with self._lock:
-            part = self._live(partition, now)
+            part = self._live(partition)
             if part is None:
                 return found
             count = 0
+            # A name-order walk holds only names in the query's prefix and start/stop
+            # range (see ``_Part.walk``): only depth and tags are left to check.
+            by_name, depth, tags, at = query.order == "name", query.depth, query.tags, len(query.prefix)
             for record in part.walk(query):
-                if query.matches(record):
+                if (
+                    (depth is None or record.name.count("/", at) == depth)
+                    and (not tags or all(record.tags.get(k) == v for k, v in tags.items()))
+                    if by_name
+                    else query.matches(record)
+                ):
                     found.append(record if query.values else _without_value(record))
                     if query.children:
                         kids = part.children(record.name)

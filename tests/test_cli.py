@@ -158,7 +158,11 @@ def test_tables_for_people(store: str, capsys: pytest.CaptureFixture[str]) -> No
 
 def _records(db: Path, p: Partition) -> dict[str, bytes]:
     with sqlite3.connect(db) as conn:
-        return dict(conn.execute("SELECT name, value FROM records WHERE pkey = ?", (p.key,)).fetchall())
+        return dict(conn.execute(f"SELECT name, value FROM records WHERE {_PID}", (p.key,)).fetchall())
+
+
+#: A SQLite records row's partition (schema v6: rows carry the partition's integer id).
+_PID = "pid = (SELECT id FROM partitions WHERE pkey = ?)"
 
 
 def _flip(value: bytes) -> bytes:
@@ -183,17 +187,17 @@ def test_verify_finds_every_record_damaged_in_the_sqlite_file(
     with sqlite3.connect(db) as conn:
         for name in (checkpoint, writes):
             conn.execute(
-                "UPDATE records SET value = ? WHERE pkey = ? AND name = ?", (_flip(recs[name]), work.key, name)
+                f"UPDATE records SET value = ? WHERE {_PID} AND name = ?", (_flip(recs[name]), work.key, name)
             )
-        conn.execute("DELETE FROM records WHERE pkey = ? AND name = ?", (work.key, blob))
+        conn.execute(f"DELETE FROM records WHERE {_PID} AND name = ?", (work.key, blob))
         # a record of one thread copied over another record of another thread: its seal names its place
         conn.execute(
-            "UPDATE records SET value = (SELECT value FROM records WHERE pkey = ? AND name = ?),"
-            " digest = (SELECT digest FROM records WHERE pkey = ? AND name = ?) WHERE pkey = ? AND name = ?",
+            f"UPDATE records SET value = (SELECT value FROM records WHERE {_PID} AND name = ?),"
+            f" digest = (SELECT digest FROM records WHERE {_PID} AND name = ?) WHERE {_PID} AND name = ?",
             (work.key, checkpoint, work.key, checkpoint, nested.key, moved),
         )
-        conn.execute("UPDATE records SET tags = '{}' WHERE pkey = ? AND name = ?", (nested.key, tagged))
-        conn.execute("UPDATE records SET tags = '{not json' WHERE pkey = ? AND name = ?", (nested.key, unreadable))
+        conn.execute(f"UPDATE records SET tags = '{{}}' WHERE {_PID} AND name = ?", (nested.key, tagged))
+        conn.execute(f"UPDATE records SET tags = '{{not json' WHERE {_PID} AND name = ?", (nested.key, unreadable))
     code, report = run(capsys, "verify", store, "--user", USER)
     found = {(f["partition"], f["record"], f["problem"]) for f in report["problems"]}
     assert code == EXIT_DAMAGED
@@ -408,7 +412,7 @@ def test_walks_page_through_every_record_in_name_order(
         assert [r.name for r in walk(saver.backend, p, "c/", depth=1, page=page)] == checkpoints
     damaged = every[len(every) // 2]
     with sqlite3.connect(tmp_path / "state.db") as conn:
-        conn.execute("UPDATE records SET tags = '{not json' WHERE pkey = ? AND name = ?", (p.key, damaged))
+        conn.execute(f"UPDATE records SET tags = '{{not json' WHERE {_PID} AND name = ?", (p.key, damaged))
     with Checkpointer.from_url(store) as saver:
         got = list(walk_resilient(saver.backend, p, page=page))
     assert [r.name if not isinstance(r, Exception) else r.key for r in got] == every

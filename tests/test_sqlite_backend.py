@@ -258,7 +258,7 @@ def test_v1_file_gets_tag_seqs_backfilled(tmp_path: Path) -> None:
     assert _versions(path) == list(range(len(MIGRATIONS)))
     with sqlite3.connect(path) as conn:
         stale = conn.execute(
-            "SELECT COUNT(*) FROM tags AS t JOIN records AS r ON r.pkey = t.pkey AND r.name = t.name "
+            "SELECT COUNT(*) FROM tags AS t JOIN records AS r ON r.pid = t.pid AND r.name = t.name "
             "WHERE t.seq != r.seq"
         ).fetchone()
     assert stale == (0,)
@@ -343,10 +343,10 @@ def _loosen(conn: sqlite3.Connection) -> None:
     conn.executescript(
         """
         ALTER TABLE records RENAME TO records_old;
-        CREATE TABLE records (pkey, name, seq, etag, digest, tags, value, PRIMARY KEY (pkey, name));
-        INSERT INTO records (rowid, pkey, name, seq, etag, digest, tags, value) SELECT rowid, * FROM records_old;
+        CREATE TABLE records (pid, name, seq, etag, digest, tags, value, PRIMARY KEY (pid, name));
+        INSERT INTO records (rowid, pid, name, seq, etag, digest, tags, value) SELECT rowid, * FROM records_old;
         DROP TABLE records_old;
-        CREATE INDEX records_seq ON records (pkey, seq);
+        CREATE INDEX records_seq ON records (pid, seq);
         """
     )
 
@@ -523,7 +523,7 @@ def test_a_damaged_row_names_its_record_and_column(tmp_path: Path) -> None:
     "damage",
     [
         "UPDATE tags SET name = 'c' WHERE name = 'a'",  # the index moved to another record
-        "INSERT INTO tags (pkey, name, k, v, seq) SELECT pkey, 'c', k, v, 3 FROM tags WHERE name = 'a'",
+        "INSERT INTO tags (pid, name, k, v, seq) SELECT pid, 'c', k, v, 3 FROM tags WHERE name = 'a'",
         "UPDATE tags SET v = '\"other\"' WHERE name = 'b'",  # b listed under a value it does not carry
     ],
 )
@@ -575,11 +575,16 @@ async def test_a_damaged_partitions_row_is_corrupt_item(tmp_path: Path, damage: 
     with sqlite3.connect(path) as conn:
         assert conn.execute(damage).rowcount == 1
     conn.close()
+    # bob's row claiming alice's user is not in alice's range of keys: bob's listing meets it
+    another_user = "'bobs'" in damage
+    lister = ("bob", "items") if another_user else ("alice", "items")
     try:
+        if another_user:
+            assert backend.partitions("alice", "items") == ["runs/r1"]
         with pytest.raises(CorruptItemError, match="partitions row is damaged"):
-            backend.partitions("alice", "items")
+            backend.partitions(*lister)
         with pytest.raises(CorruptItemError, match="partitions row is damaged"):
-            await backend.apartitions("alice", "items")
+            await backend.apartitions(*lister)
     finally:
         await backend.aclose()
 
@@ -1080,9 +1085,9 @@ def test_tag_queries_walk_the_tag_index_in_their_order(tmp_path: Path) -> None:
         assert [r.name for r in backend.list(P, by_name)] == ["n093", "n083"]
     # "newest 1 with tag X" is a seek in tags_seq: no partition scan, no sort.
     plan = _plan(path, newest)
-    assert "USING COVERING INDEX tags_seq (pkey=? AND k=? AND v=?)" in plan, plan
+    assert "USING COVERING INDEX tags_seq (pid=? AND k=? AND v=?)" in plan, plan
     assert "TEMP B-TREE" not in plan and "SCAN" not in plan, plan
-    # name order walks the tags table's own key (pkey, k, v, name)
+    # name order walks the tags table's own key (pid, k, v, name)
     walks = [(both, "t USING COVERING INDEX tags_seq"), (by_name, "t USING PRIMARY KEY"),
              (ListQuery(tags={"x": "1"}), "t USING PRIMARY KEY")]
     for query, walk in walks:
@@ -1097,7 +1102,7 @@ def test_tag_rows_carry_their_records_seq_through_rewrites(sqlite_backend: Sqlit
     with sqlite3.connect(sqlite_backend.path) as conn:
         rows = conn.execute(
             "SELECT t.name, t.k, t.seq, r.seq FROM tags AS t LEFT JOIN records AS r "
-            "ON r.pkey = t.pkey AND r.name = t.name ORDER BY t.name, t.k"
+            "ON r.pid = t.pid AND r.name = t.name ORDER BY t.name, t.k"
         ).fetchall()
     assert [(name, k) for name, k, _, _ in rows] == [("a", '"w"'), ("c", '"w"')]  # b's tags went with it
     assert all(tag_seq == record_seq for _, _, tag_seq, record_seq in rows), rows

@@ -272,6 +272,63 @@ MIGRATIONS: list[str] = [
     ALTER TABLE tags_v5 RENAME TO tags;
     CREATE INDEX tags_seq ON tags (pkey, k, v, seq)
     """,
+    # v6: an integer partition id. ``records`` and ``tags`` rows (and their
+    # indexes) carry the partition's ``id`` instead of its text key, which
+    # was repeated in every row of four b-trees. Ids come from
+    # ``seq_counter.pids`` (never reused); the partition of a record without
+    # a ``partitions`` row (none this library writes) gets a row that names
+    # no user, so its records read as before. ``partitions`` loses its
+    # ``user_key`` index: a user's partitions are a range of ``pkey``.
+    """
+    ALTER TABLE seq_counter ADD COLUMN pids INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE pid_map (id INTEGER PRIMARY KEY, pkey TEXT NOT NULL UNIQUE);
+    INSERT INTO pid_map (pkey) SELECT pkey FROM partitions UNION SELECT pkey FROM records;
+    CREATE TABLE partitions_v6 (
+        pkey       TEXT    NOT NULL PRIMARY KEY,
+        id         INTEGER NOT NULL,
+        user_key   TEXT    NOT NULL,
+        name       BLOB    NOT NULL,
+        expires_at REAL
+    ) WITHOUT ROWID;
+    INSERT INTO partitions_v6 (pkey, id, user_key, name, expires_at)
+        SELECT m.pkey, m.id, p.user_key, p.name, p.expires_at FROM pid_map AS m JOIN partitions AS p ON p.pkey = m.pkey;
+    INSERT INTO partitions_v6 (pkey, id, user_key, name, expires_at)
+        SELECT m.pkey, m.id, '', x'', NULL FROM pid_map AS m WHERE m.pkey NOT IN (SELECT pkey FROM partitions);
+    UPDATE seq_counter SET pids = (SELECT IFNULL(MAX(id), 0) FROM pid_map) WHERE id = 0;
+    CREATE TABLE records_v6 (
+        pid    INTEGER NOT NULL,
+        name   TEXT    NOT NULL,
+        seq    INTEGER NOT NULL,
+        etag   TEXT    NOT NULL,
+        digest TEXT    NOT NULL,
+        tags   TEXT    NOT NULL,
+        value  BLOB    NOT NULL,
+        PRIMARY KEY (pid, name)
+    );
+    INSERT INTO records_v6 (pid, name, seq, etag, digest, tags, value)
+        SELECT m.id, r.name, r.seq, r.etag, r.digest, r.tags, r.value
+        FROM records AS r JOIN pid_map AS m ON m.pkey = r.pkey ORDER BY r.rowid;
+    CREATE TABLE tags_v6 (
+        pid  INTEGER NOT NULL,
+        k    TEXT    NOT NULL,
+        v    TEXT    NOT NULL,
+        name TEXT    NOT NULL,
+        seq  INTEGER NOT NULL,
+        PRIMARY KEY (pid, k, v, name)
+    ) WITHOUT ROWID;
+    INSERT INTO tags_v6 (pid, k, v, name, seq)
+        SELECT m.id, t.k, t.v, t.name, t.seq FROM tags AS t JOIN pid_map AS m ON m.pkey = t.pkey;
+    DROP TABLE records;
+    DROP TABLE tags;
+    DROP TABLE partitions;
+    DROP TABLE pid_map;
+    ALTER TABLE records_v6 RENAME TO records;
+    ALTER TABLE tags_v6 RENAME TO tags;
+    ALTER TABLE partitions_v6 RENAME TO partitions;
+    CREATE INDEX records_seq ON records (pid, seq);
+    CREATE INDEX tags_seq ON tags (pid, k, v, seq);
+    CREATE INDEX partitions_expiry ON partitions (expires_at) WHERE expires_at IS NOT NULL
+    """,
 ]
 
 #: The schema version this module writes.
@@ -281,12 +338,18 @@ _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 _CHUNK = 400  # names per IN (...) list; old SQLite builds allow 999 variables
 _COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, r.value"
 _META_COLUMNS = "r.name, r.seq, r.etag, r.digest, r.tags, x'' AS value"
-#: The term every read statement carries: the partition (parameter 1) has not
-#: expired. Not correlated, so SQLite evaluates it once per statement; ``cp_now()``
-#: is the backend's clock, registered on each connection. ``?1`` reuses the
-#: first parameter; later plain ``?`` keep counting from the highest so far.
-_LIVE = "NOT EXISTS (SELECT 1 FROM partitions AS e WHERE e.pkey = ?{n} AND e.expires_at <= cp_now())"
-_LIVE1 = _LIVE.format(n=1)
+#: The id of the partition whose key is parameter ``n``, if it has not expired
+#: (else NULL, which no row's ``pid`` equals): every read statement selects its
+#: rows by it, so one lookup gives both the id and the expiry check. Not
+#: correlated, so SQLite evaluates it once per statement; ``cp_now()`` is the
+#: backend's clock, registered on each connection. ``?1`` reuses the first
+#: parameter; later plain ``?`` keep counting from the highest so far.
+_LIVE_PID = (
+    "(SELECT e.id FROM partitions AS e WHERE e.pkey = ?{n} AND (e.expires_at IS NULL OR e.expires_at > cp_now()))"
+)
+_LIVE_PID1 = _LIVE_PID.format(n=1)
+#: The id of the partition whose key is the next parameter, expired or not (the write path's).
+_PID = "(SELECT e.id FROM partitions AS e WHERE e.pkey = ?)"
 
 # -- error translation -------------------------------------------------------
 
@@ -719,7 +782,7 @@ def _fetch(
 def _fetch_sql(count: int, values: bool) -> str:
     """The statement of :func:`_fetch` for ``count`` names (built once per count: one prepared statement)."""
     cols = _COLUMNS if values else _META_COLUMNS
-    return f"SELECT {cols} FROM records AS r WHERE r.pkey = ? AND r.name IN ({','.join('?' * count)}) AND {_LIVE1}"
+    return f"SELECT {cols} FROM records AS r WHERE r.pid = {_LIVE_PID1} AND r.name IN ({','.join('?' * count)})"
 
 
 def _get(conn: sqlite3.Connection, pkey: str, names: Sequence[str]) -> list[Record | None]:
@@ -738,23 +801,23 @@ def _prelude_sql(count: int) -> str:
     """The statement of :func:`_prelude` for ``count`` names (built once per count)."""
     marks = ",".join("?" * count)
     return (
-        f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pkey = ? AND r.name IN ({marks}) "
-        "UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ?), 0), "
+        f"SELECT {_META_COLUMNS} FROM records AS r WHERE r.pid = {_PID} AND r.name IN ({marks}) "
+        f"UNION ALL SELECT NULL, MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pid = {_PID}), 0), "
         "(SELECT seq FROM seq_counter WHERE id = 0)), "
         "(SELECT CASE WHEN expires_at IS NULL THEN 1 WHEN expires_at <= cp_now() THEN 3 ELSE 2 END "
-        "FROM partitions WHERE pkey = ?), NULL, NULL, NULL"
+        "FROM partitions WHERE pkey = ?), (SELECT id FROM partitions WHERE pkey = ?), NULL, NULL"
     )
 
 
 def _prelude(
     conn: sqlite3.Connection, pkey: str, names: Sequence[str]
-) -> tuple[dict[str, Record], int, int | None]:
+) -> tuple[dict[str, Record], int, int | None, int | None]:
     """What a write needs to know, read in one statement (for up to ``_CHUNK`` names).
 
     Returns the stored records among ``names`` (values ``b""``), the seq to
-    count up from, and the partition's state: ``None`` without a
+    count up from, the partition's state: ``None`` without a
     ``partitions`` row, else :data:`_NO_EXPIRY`, :data:`_LIVE_EXPIRY` or
-    :data:`_EXPIRED`.
+    :data:`_EXPIRED`, and its id (``None`` without a row).
     Every seq the partition ever handed out is at most its highest present
     seq (the ``records_seq`` index's last entry) or, for deleted records, at
     most ``seq_counter``, which deletes raise to the highest seq they remove;
@@ -762,16 +825,16 @@ def _prelude(
     """
     first, rest = names[:_CHUNK], names[_CHUNK:]
     found: dict[str, Record] = {}
-    for row in conn.execute(_prelude_sql(len(first)), (pkey, *first, pkey, pkey)).fetchall():
+    for row in conn.execute(_prelude_sql(len(first)), (pkey, *first, pkey, pkey, pkey)).fetchall():
         if row[0] is None:  # the summary row (no record has a NULL name)
-            base, state = row[1], row[2]
+            base, state, pid = row[1], row[2], row[3]
         else:
             found[row[0]] = _stored(row)
     if rest:
         found.update(_fetch(conn, pkey, rest, values=False, decode=_stored))
     if type(base) is not int or base > _MAX_SEQ:  # a damaged seq: MAX() of a column holding text is text
-        base = _intact_base(conn, pkey)
-    return found, base, state
+        base = _intact_base(conn, pid)
+    return found, base, state, pid
 
 
 #: Partition states :func:`_prelude` reads: a row without expiry, with a future one, expired.
@@ -782,7 +845,7 @@ _NO_EXPIRY, _LIVE_EXPIRY, _EXPIRED = 1, 2, 3
 _MAX_SEQ = 1 << 62
 
 
-def _intact_base(conn: sqlite3.Connection, pkey: str) -> int:
+def _intact_base(conn: sqlite3.Connection, pid: int | None) -> int:
     """:func:`_prelude`'s base counting only intact seqs (integers up to ``_MAX_SEQ``).
 
     Taken only when the fast query returned something else: a seq damaged to
@@ -792,9 +855,9 @@ def _intact_base(conn: sqlite3.Connection, pkey: str) -> int:
     """
     intact = "typeof(seq) = 'integer' AND seq <= ?"
     (base,) = conn.execute(
-        f"SELECT MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pkey = ? AND {intact}), 0), "
+        f"SELECT MAX(IFNULL((SELECT MAX(seq) FROM records WHERE pid = ? AND {intact}), 0), "
         f"IFNULL((SELECT seq FROM seq_counter WHERE id = 0 AND {intact}), 0))",
-        (pkey, _MAX_SEQ, _MAX_SEQ),
+        (pid, _MAX_SEQ, _MAX_SEQ),
     ).fetchone()
     return int(base)
 
@@ -804,13 +867,13 @@ def _retire_seqs(conn: sqlite3.Connection, seq: int) -> None:
     conn.execute("UPDATE seq_counter SET seq = MAX(seq, ?) WHERE id = 0", (seq,))
 
 
-_INSERT = "INSERT INTO records (pkey, name, seq, etag, digest, tags, value) VALUES (?, ?, ?, ?, ?, ?, ?) "
+_INSERT = "INSERT INTO records (pid, name, seq, etag, digest, tags, value) VALUES (?, ?, ?, ?, ?, ?, ?) "
 _INSERT_OR_REPLACE = _INSERT + (
-    "ON CONFLICT (pkey, name) DO UPDATE SET seq = excluded.seq, etag = excluded.etag, "
+    "ON CONFLICT (pid, name) DO UPDATE SET seq = excluded.seq, etag = excluded.etag, "
     "digest = excluded.digest, tags = excluded.tags, value = excluded.value"
 )
-_INSERT_NEW = _INSERT + "ON CONFLICT (pkey, name) DO NOTHING"
-_INSERT_TAGS = "INSERT INTO tags (pkey, name, k, v, seq) VALUES (?, ?, ?, ?, ?)"
+_INSERT_NEW = _INSERT + "ON CONFLICT (pid, name) DO NOTHING"
+_INSERT_TAGS = "INSERT INTO tags (pid, name, k, v, seq) VALUES (?, ?, ?, ?, ?)"
 #: Modes whose puts are written as given exactly when their name is absent.
 _NEW_NAME_MODES = (Mode.APPEND, Mode.CREATE)
 #: Modes a write may take without reading first (``IF_MATCH``: an unchanged re-put the memo knows).
@@ -831,10 +894,10 @@ _WAL_SIZE_LIMIT = 8 * 1024 * 1024
 
 
 class _Connection(sqlite3.Connection):
-    """A connection that remembers, per partition it wrote, the seq to count up from.
+    """A connection that remembers, per partition it wrote, the seq to count up from and the id.
 
-    ``bases[pkey]`` is what :func:`_prelude` would return as ``base`` for a
-    partition that has its ``partitions`` row. It is set from this
+    ``bases[pkey]`` is ``(base, pid)``: what :func:`_prelude` would return as
+    ``base`` and ``pid`` for a partition that has its ``partitions`` row. It is set from this
     connection's own committed writes, and trusted only while ``PRAGMA
     data_version`` (read inside the write transaction) is the value this
     connection saw before: SQLite changes that value whenever *another*
@@ -849,15 +912,15 @@ class _Connection(sqlite3.Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.version: int | None = None
-        self.bases: dict[str, int] = {}
+        self.bases: dict[str, tuple[int, int]] = {}
         #: by partition: name -> (etag, digest, seq, tags) of conditioned records it wrote (no values: small)
         self.records: dict[str, dict[str, tuple[str, str, int, Mapping[str, str]]]] = {}
         self.vacuums: bool | None = None  #: ``auto_vacuum`` is not ``NONE`` (None: not asked yet)
         self.retention: list[Retention] = []  #: the owning backend's retention, boxed (see :func:`_ttl`)
         self.read_cache = _ReadCache()  #: what this connection read, while valid (read connections only)
 
-    def known_base(self, pkey: str) -> int | None:
-        """The remembered base of ``pkey`` if still current (call inside the write transaction)."""
+    def known_base(self, pkey: str) -> tuple[int, int] | None:
+        """The remembered ``(base, pid)`` of ``pkey`` if still current (call inside the write transaction)."""
         (version,) = self.execute("PRAGMA data_version").fetchone()
         if version != self.version:
             self.bases.clear()
@@ -871,10 +934,10 @@ class _Connection(sqlite3.Connection):
         return self.records.get(pkey, {}).get(name)
 
     def wrote(
-        self, pkey: str, base: int | None, everywhere: bool,
+        self, pkey: str, base: tuple[int, int] | None, everywhere: bool,
         puts: Sequence[Put] = (), records: Sequence[Record] = (),
     ) -> None:
-        """After a commit: ``pkey`` now counts up from ``base`` (``None``: unknown).
+        """After a commit: ``pkey`` now counts up from ``base[0]``, its id is ``base[1]`` (``None``: unknown).
 
         ``everywhere``: the commit deleted records, which raises the shared
         ``seq_counter`` and may remove a ``partitions`` row, so nothing is kept.
@@ -980,9 +1043,9 @@ def _checkpoint_now(conn: sqlite3.Connection) -> None:
 
 
 def _rows(
-    pkey: str, puts: Sequence[Put], base: int, skipped: Collection[int] = ()
+    pid: int, puts: Sequence[Put], base: int, skipped: Collection[int] = ()
 ) -> tuple[dict[int, int], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Seqs (by put index), record rows and tag rows of the puts not ``skipped``, counting up from ``base``."""
+    """Seqs (by put index), record rows and tag rows (of partition id ``pid``) of the puts not ``skipped``."""
     seqs: dict[int, int] = {}
     rows: list[tuple[Any, ...]] = []
     tag_rows: list[tuple[Any, ...]] = []
@@ -993,8 +1056,8 @@ def _rows(
         seq += 1
         seqs[i] = seq
         name, tags = put.name, put.tags
-        rows.append((pkey, name, seq, _pack_etag(put.etag), _pack_digest(put.digest), tags_json(tags), put.value))
-        tag_rows.extend((pkey, name, _text(k), _text(v), seq) for k, v in tags.items())
+        rows.append((pid, name, seq, _pack_etag(put.etag), _pack_digest(put.digest), tags_json(tags), put.value))
+        tag_rows.extend((pid, name, _text(k), _text(v), seq) for k, v in tags.items())
     return seqs, rows, tag_rows
 
 
@@ -1015,7 +1078,7 @@ def _write(
         return WriteResult(records=[])
     memo = conn if isinstance(conn, _Connection) else None
     result: WriteResult | None = None
-    after: int | None = None
+    after: tuple[int, int] | None = None
     # The fast path writes no partitions row, so it runs only for a backend without a ttl: its
     # memo is then set by its own checked writes, which left the partition without expiry.
     if memo is not None and _ttl(memo) is None and not deletes and all(p.mode in _MEMO_MODES for p in puts):
@@ -1034,7 +1097,7 @@ def _write(
 
 def _write_new(
     conn: _Connection, partition: Partition, puts: Sequence[Put]
-) -> tuple[WriteResult | None, int | None]:
+) -> tuple[WriteResult | None, tuple[int, int] | None]:
     """Write puts that must find their names absent, without reading first when the memo allows.
 
     With the partition's base remembered (:meth:`_Connection.known_base`),
@@ -1048,45 +1111,46 @@ def _write_new(
     Without a remembered base or record, the checked path runs in this transaction.
     """
     pkey = partition.key
-    base = conn.known_base(pkey)
+    known_base = conn.known_base(pkey)
     kept: dict[str, Record] = {}
     for put in puts:
-        if base is not None and put.mode is Mode.IF_MATCH:
+        if known_base is not None and put.mode is Mode.IF_MATCH:
             known = conn.known_record(pkey, put.name)
             if known is None or not (put.etag == put.if_match == known[0] and put.digest == known[1] and (
                 put.tags == known[3]
             )):
-                base = None
+                known_base = None
             else:
                 kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, known[2])
-    if base is None:
+    if known_base is None:
         return _write_checked(conn, partition, puts, ())[:2]
+    base, pid = known_base
     skipped = {i for i, put in enumerate(puts) if put.name in kept}
-    seqs, rows, tag_rows = _rows(pkey, puts, base, skipped)
+    seqs, rows, tag_rows = _rows(pid, puts, base, skipped)
     if rows and conn.executemany(_INSERT_NEW, rows).rowcount != len(rows):
         conn.execute("ROLLBACK")
         return None, None
     if tag_rows:
         conn.executemany(_INSERT_TAGS, tag_rows)
-    return WriteResult(records=_applied(puts, seqs, kept)), base + len(rows)
+    return WriteResult(records=_applied(puts, seqs, kept)), (base + len(rows), pid)
 
 
 def _write_checked(
     conn: sqlite3.Connection, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete]
-) -> tuple[WriteResult, int | None, tuple[int, bool] | None]:
+) -> tuple[WriteResult, tuple[int, int] | None, tuple[int, bool] | None]:
     """Any batch: read what it touches, check the conditions, apply or roll back.
 
-    Returns the result, the partition's base after it (``None`` when the
+    Returns the result, the partition's base and id after it (``None`` when the
     partition has no ``partitions`` row afterwards, or the batch was refused)
     and, for a batch with deletes, what :func:`_reclaim` said (else ``None``).
     """
     pkey = partition.key
     names = [p.name for p in puts] + [d.name for d in deletes]
-    existing, base, state = _prelude(conn, pkey, names)
+    existing, base, state, pid = _prelude(conn, pkey, names)
     purged = None
     if state == _EXPIRED:  # old data never comes back: gone in this transaction, first
         purged = _purge(conn, pkey)[1]
-        existing, base, state = _prelude(conn, pkey, names)
+        existing, base, state, pid = _prelude(conn, pkey, names)
     has_partition = state is not None
     conflict, noops = evaluate(puts, deletes, existing)
     if conflict is not None:
@@ -1108,22 +1172,21 @@ def _write_checked(
         ):
             kept[put.name] = Record(put.name, put.value, dict(put.tags), put.etag, put.digest, stored.seq)
             noops.append(i)
-    seqs, rows, tag_rows = _rows(pkey, puts, base, set(noops))
+    skipped = set(noops)
+    if pid is None:  # no partitions row (pid and state come from it): it gets one with its first record
+        pid = _new_partition(conn, partition) if len(skipped) < len(puts) else None
+        has_partition = pid is not None
+    elif len(skipped) < len(puts) and (_ttl(conn) is not None or state == _LIVE_EXPIRY):
+        # a new expiry, or none any more
+        conn.execute("UPDATE partitions SET expires_at = cp_now() + ? WHERE pkey = ?", (_ttl(conn), pkey))
+    seqs, rows, tag_rows = _rows(pid or 0, puts, base, skipped)
     if rows:
         conn.executemany(_INSERT_OR_REPLACE, rows)
-        if not has_partition:
-            conn.execute(
-                "INSERT OR IGNORE INTO partitions (pkey, user_key, name, expires_at) VALUES (?, ?, ?, cp_now() + ?)",
-                (pkey, partition.user_key, _blob(partition.name), _ttl(conn)),
-            )
-            has_partition = True
-        elif _ttl(conn) is not None or state == _LIVE_EXPIRY:  # a new expiry, or none any more
-            conn.execute("UPDATE partitions SET expires_at = cp_now() + ? WHERE pkey = ?", (_ttl(conn), pkey))
     # Only records that existed can have tag rows to replace (a delete
     # removes them), so new names (blobs, checkpoints) skip the DELETE.
     retagged = [puts[i].name for i in seqs if puts[i].name in existing] + [d.name for d in deletes]
     if retagged:
-        _untag(conn, pkey, [existing[n] for n in retagged if n in existing])
+        _untag(conn, pid, [existing[n] for n in retagged if n in existing])
     if tag_rows:
         conn.executemany(_INSERT_TAGS, tag_rows)
     reclaimed = None
@@ -1132,20 +1195,42 @@ def _write_checked(
         if gone:
             _retire_seqs(conn, max(gone))
         free_before = _free_pages(conn)
-        conn.executemany(
-            "DELETE FROM records WHERE pkey = ? AND name = ?", [(pkey, d.name) for d in deletes]
-        )
-        if conn.execute("SELECT 1 FROM records WHERE pkey = ? LIMIT 1", (pkey,)).fetchone() is None:
+        conn.executemany("DELETE FROM records WHERE pid = ? AND name = ?", [(pid, d.name) for d in deletes])
+        if conn.execute("SELECT 1 FROM records WHERE pid = ? LIMIT 1", (pid,)).fetchone() is None:
             conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
             has_partition = False
         reclaimed = _reclaim(conn, free_before)
     elif purged is not None:
         reclaimed = purged
-    after = base + len(rows) if has_partition else None
+    after = (base + len(rows), pid) if has_partition and pid is not None else None
     return WriteResult(records=_applied(puts, seqs, kept)), after, reclaimed
 
 
-def _untag(conn: sqlite3.Connection, pkey: str, stored: Sequence[Record]) -> None:
+def _new_partition(conn: sqlite3.Connection, partition: Partition) -> int:
+    """Give ``partition`` (without a ``partitions`` row) its row and a new id, inside the write transaction.
+
+    Ids count up in ``seq_counter.pids`` and are never handed out twice, so
+    no row of a partition that is gone can be read as one of a new
+    partition. A counter damaged below an id in use (or to a non-integer) is
+    refused rather than letting this partition's writes replace another's
+    records: the one index seek that checks it is paid once per partition.
+    """
+    row = conn.execute(
+        "UPDATE seq_counter SET pids = pids + 1 WHERE id = 0 AND typeof(pids) = 'integer' RETURNING pids"
+    ).fetchone()
+    pid = row[0] if row is not None else None
+    if type(pid) is not int or conn.execute("SELECT 1 FROM records WHERE pid = ? LIMIT 1", (pid,)).fetchone():
+        raise CorruptItemError(
+            partition.name, f"the SQLite seq_counter row is damaged: its pids column ({_shown(pid)}) names an id in use"
+        )
+    conn.execute(
+        "INSERT INTO partitions (pkey, id, user_key, name, expires_at) VALUES (?, ?, ?, ?, cp_now() + ?)",
+        (partition.key, pid, partition.user_key, _blob(partition.name), _ttl(conn)),
+    )
+    return pid
+
+
+def _untag(conn: sqlite3.Connection, pid: int | None, stored: Sequence[Record]) -> None:
     """Delete the tag rows of ``stored`` records (being rewritten or deleted), by their keys.
 
     A record's tag rows are the tags its own row carries, so a record without
@@ -1154,13 +1239,13 @@ def _untag(conn: sqlite3.Connection, pkey: str, stored: Sequence[Record]) -> Non
     the damage.
     """
     keyed = [
-        (pkey, _text(k), _text(v), r.name) for r in stored if r.tags is not _DAMAGED_TAGS for k, v in r.tags.items()
+        (pid, _text(k), _text(v), r.name) for r in stored if r.tags is not _DAMAGED_TAGS for k, v in r.tags.items()
     ]
     if keyed:
-        conn.executemany("DELETE FROM tags WHERE pkey = ? AND k = ? AND v = ? AND name = ?", keyed)
-    damaged = [(pkey, r.name) for r in stored if r.tags is _DAMAGED_TAGS]
+        conn.executemany("DELETE FROM tags WHERE pid = ? AND k = ? AND v = ? AND name = ?", keyed)
+    damaged = [(pid, r.name) for r in stored if r.tags is _DAMAGED_TAGS]
     if damaged:
-        conn.executemany("DELETE FROM tags WHERE pkey = ? AND name = ?", damaged)
+        conn.executemany("DELETE FROM tags WHERE pid = ? AND name = ?", damaged)
 
 
 def _ttl(conn: sqlite3.Connection) -> float | None:
@@ -1226,7 +1311,7 @@ def _shaped_sql(
         # the sort). A prefix matching few records among many costs a scan
         # of the partition's seq index, never a read of values.
         source = "records AS r INDEXED BY records_seq"
-    where = " AND ".join(["r.pkey = ?", *_range_sql("r", order, shape), _LIVE1])
+    where = " AND ".join([f"r.pid = {_LIVE_PID1}", *_range_sql("r", order, shape)])
     tail = f" ORDER BY r.{order} {direction} LIMIT ?" if limited else ""
     if children:
         picks = f"SELECT r.name AS name, r.{order} AS pos FROM {source} WHERE {where}{tail}"
@@ -1249,7 +1334,7 @@ def _with_children_sql(picks: str, cols: str, direction: str) -> str:
     """
     return (
         f"WITH p AS ({picks}) SELECT {cols} FROM p CROSS JOIN records AS r "
-        "WHERE r.pkey = ? AND r.name >= p.name AND r.name < p.name || '0' "
+        f"WHERE r.pid = {_PID} AND r.name >= p.name AND r.name < p.name || '0' "
         "AND (r.name = p.name OR substr(r.name, length(p.name) + 1, 1) = '/') "
         f"ORDER BY p.pos {direction}, r.name"
     )
@@ -1268,11 +1353,11 @@ def _tagged_sql(cols: str, order: str, direction: str, limited: bool, tags: int,
     tag's rows; put the most selective tag first. ``cols`` may name ``t.{order}``.
     """
     index = "INDEXED BY tags_seq" if order == "seq" else "NOT INDEXED"  # the table's own key: name order
-    where = ["t.pkey = ?", "t.k = ?", "t.v = ?"]
+    where = [f"t.pid = {_LIVE_PID1}", "t.k = ?", "t.v = ?"]
     where += [
-        "EXISTS (SELECT 1 FROM tags AS o WHERE o.pkey = t.pkey AND o.name = t.name AND o.k = ? AND o.v = ?)"
+        "EXISTS (SELECT 1 FROM tags AS o WHERE o.pid = t.pid AND o.name = t.name AND o.k = ? AND o.v = ?)"
     ] * (tags - 1)
-    where += [*_range_sql("t", order, shape), "r.pkey = t.pkey", "r.name = t.name", _LIVE1]
+    where += [*_range_sql("t", order, shape), "r.pid = t.pid", "r.name = t.name"]
     sql = (
         f"SELECT {cols.format(order=order)} FROM tags AS t {index} CROSS JOIN records AS r "
         f"WHERE {' AND '.join(where)} ORDER BY t.{order} {direction}"
@@ -1340,7 +1425,7 @@ def _scans(query: ListQuery) -> bool:
 def _scan_sql(shape: _Ranges, descending: bool, values: bool) -> str:
     """The statement of :func:`_scan_children`: the records under the prefix from ``start``, in name order."""
     cols = _COLUMNS if values else _META_COLUMNS
-    where = " AND ".join(["r.pkey = ?", *_range_sql("r", "name", shape), _LIVE1])
+    where = " AND ".join([f"r.pid = {_LIVE_PID1}", *_range_sql("r", "name", shape)])
     return f"SELECT {cols} FROM records AS r WHERE {where} ORDER BY r.name {'DESC' if descending else 'ASC'}"
 
 
@@ -1438,7 +1523,7 @@ def _ranges_sql(count: int, values: bool) -> str:
     cols = _COLUMNS if values else _META_COLUMNS
     return (
         f"WITH q(i, lo, hi) AS (VALUES {marks}) SELECT q.i, {cols} FROM q CROSS JOIN records AS r "
-        f"WHERE r.pkey = ? AND r.name >= q.lo AND r.name < q.hi AND {_LIVE.format(n=3 * count + 1)}"
+        f"WHERE r.pid = {_LIVE_PID.format(n=3 * count + 1)} AND r.name >= q.lo AND r.name < q.hi"
     )
 
 
@@ -1670,19 +1755,23 @@ def _partitions(conn: sqlite3.Connection, user: str, space: str) -> list[str]:
     listing never names a partition the caller cannot reach by that name.
     """
     user_key = Partition(user, space, "").user_key
+    # every key of the user's partitions starts with ``user_key`` (which ends with "/"): a range of the table's key
     rows = conn.execute(
-        "SELECT pkey, name FROM partitions WHERE user_key = ? AND (expires_at IS NULL OR expires_at > cp_now())",
-        (user_key,),
+        "SELECT pkey, name, user_key FROM partitions WHERE pkey >= ? AND pkey < ? "
+        "AND (expires_at IS NULL OR expires_at > cp_now())",
+        (user_key, _prefix_upper_bound(user_key)),
     )
     names: list[str] = []
-    for pkey, raw in rows:
+    for pkey, raw, owner in rows:
+        if owner == "":  # the row v6 gave records that had none (v5 never listed them): no user's
+            continue
         try:
             name = _unblob(raw) if type(raw) is bytes else None
         except UnicodeDecodeError:  # not what _blob wrote
             name = None
         # ``Partition.key`` is ``user_key + encode_component(name)``, spelled out here
         # (a Partition per row made the listing 5x slower); the property decides if not
-        if name is None or not (
+        if name is None or owner != user_key or not (
             pkey == user_key + encode_component(name) or Partition(user, space, name).key == pkey
         ):
             raise CorruptItemError(
@@ -1708,17 +1797,19 @@ def _purge(conn: sqlite3.Connection, pkey: str) -> tuple[int, tuple[int, bool]]:
 
     Returns how many records went and what :func:`_reclaim` said.
     """
-    (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pkey = ?", (pkey,)).fetchone()
+    found = conn.execute("SELECT id FROM partitions WHERE pkey = ?", (pkey,)).fetchone()
+    pid = None if found is None else found[0]
+    (top,) = conn.execute("SELECT MAX(seq) FROM records WHERE pid = ?", (pid,)).fetchone()
     if top is not None and (type(top) is not int or top > _MAX_SEQ):  # a damaged seq (see _intact_base)
         (top,) = conn.execute(
-            "SELECT MAX(seq) FROM records WHERE pkey = ? AND typeof(seq) = 'integer' AND seq <= ?",
-            (pkey, _MAX_SEQ),
+            "SELECT MAX(seq) FROM records WHERE pid = ? AND typeof(seq) = 'integer' AND seq <= ?",
+            (pid, _MAX_SEQ),
         ).fetchone()
     if top is not None:
         _retire_seqs(conn, top)
     free_before = _free_pages(conn)
-    count = conn.execute("DELETE FROM records WHERE pkey = ?", (pkey,)).rowcount
-    conn.execute("DELETE FROM tags WHERE pkey = ?", (pkey,))
+    count = conn.execute("DELETE FROM records WHERE pid = ?", (pid,)).rowcount
+    conn.execute("DELETE FROM tags WHERE pid = ?", (pid,))
     conn.execute("DELETE FROM partitions WHERE pkey = ?", (pkey,))
     return count, _reclaim(conn, free_before)
 

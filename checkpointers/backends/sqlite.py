@@ -79,15 +79,16 @@ as long as before (within this machine's noise: 0.7-2.2 s against 1.0-1.8 s).
 Schema (version = position in :data:`MIGRATIONS`)
 -------------------------------------------------
 
-``records(pkey, name, seq, etag, digest, tags, value)``
-    one row per record, primary key ``(pkey, name)`` where ``pkey`` is
-    :attr:`Partition.key`; ``value`` is the last column so reading metadata
-    never touches a large value's overflow pages. Index ``(pkey, seq)``.
-``tags(pkey, k, v, name, seq)``
+``records(pid, name, seq, etag, digest, tags, value)``
+    one row per record, primary key ``(pid, name)`` where ``pid`` is the
+    partition's integer id (its ``partitions`` row); ``value`` is the last
+    column so reading metadata never touches a large value's overflow pages.
+    Index ``(pid, seq)``.
+``tags(pid, k, v, name, seq)``
     one row per tag, written in the same transaction as ``records`` and
     rewritten with it (so ``seq`` is always the record's), keyed
-    ``(pkey, k, v, name)`` (``WITHOUT ROWID``) and indexed on
-    ``(pkey, k, v, seq)``: a tag query walks the b-tree of its order and,
+    ``(pid, k, v, name)`` (``WITHOUT ROWID``) and indexed on
+    ``(pid, k, v, seq)``: a tag query walks the b-tree of its order and,
     with a limit, stops after that many matches. A rewrite or delete removes
     a record's tag rows by their keys, from the tags its own row carries.
 
@@ -96,12 +97,26 @@ Etags and digests of the shapes this library writes (32 hex digits;
 (:func:`_pack_etag`, :func:`_pack_digest`), any other as text; with the
 smaller tag rows this fits a 3 x 1 KB checkpoint and its writes' record in
 one 4 KiB page, where v4 rows needed two pages.
-``partitions(pkey, user_key, name)``
-    the raw partition name of every non-empty partition (``Partition.key``
-    hashes long names, so they cannot be decoded back); a row is removed when
-    its partition's last record goes.
+``partitions(pkey, id, user_key, name, expires_at)``
+    keyed by :attr:`Partition.key` (``WITHOUT ROWID``): the id the
+    partition's rows carry, the raw partition name (``Partition.key`` hashes
+    long names, so they cannot be decoded back) and the expiry (index on
+    ``expires_at``), for every non-empty partition; a row is removed when
+    its partition's last record goes. Every read looks its partition up
+    here once per statement (:data:`_LIVE_PID`): the id, if not expired. A
+    user's partitions are the range of keys starting with its ``user_key``.
+    Ids come from ``seq_counter.pids`` and are never handed out twice
+    (:func:`_new_partition`). Before v6 every row of ``records``, ``tags``
+    and their indexes carried the text key (about 20 bytes for a short
+    thread id, up to 160 hashed): v6 took 164 bytes off every put of a
+    3 x 1 KB checkpoint with its writes (4,997 to 4,833 bytes at rest over
+    200 puts of ``benchmarks.shape.ShapeThread``, file + WAL). Opening a v5
+    file copies its tables once into the v6 ones, in the setup transaction
+    (the file needs that much free disk again; the old pages stay free for
+    later writes).
 ``seq_counter``, ``schema_migrations``
-    the highest seq ever deleted, and the applied schema versions.
+    the highest seq ever deleted and the last partition id handed out, and
+    the applied schema versions.
 
 Caller-supplied strings that may hold anything Python allows (tag keys and
 values, raw partition names, lone surrogates included) are stored in an

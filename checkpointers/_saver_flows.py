@@ -57,6 +57,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -94,6 +95,7 @@ from .errors import (
     ConcurrencyError,
     CorruptItemError,
     DisallowedTypeError,
+    InvalidArgumentError,
     ItemTooLargeError,
     StepMismatchError,
     UnserializableValueError,
@@ -534,10 +536,18 @@ def checkpoint_payload(
 
 
 def split_writes(writes: Sequence[tuple[str, Any]]) -> tuple[dict[int, tuple[str, Any]], list[tuple[int, str, Any]]]:
-    """A put_writes call's writes by index: the special ones (idx < 0, the last of each wins), the regular ones."""
+    """A put_writes call's writes by index: the special ones (idx < 0, the last of each wins), the regular ones.
+
+    Each write is checked to be a ``(channel name, value)`` pair here, in the
+    one pass over them (``InvalidArgumentError`` naming ``writes[i]``), before
+    the flow's first step: nothing is written when one is not.
+    """
     special: dict[int, tuple[str, Any]] = {}
     regular: list[tuple[int, str, Any]] = []
-    for i, (channel, value) in enumerate(writes):
+    for i, pair in enumerate(writes):
+        if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str:  # nearly every write: a pair
+            _check_write(i, pair)
+        channel, value = pair
         idx = WRITES_IDX_MAP.get(channel, i)
         if idx < 0:
             special.pop(idx, None)  # a repeated special write: the last one wins
@@ -545,6 +555,12 @@ def split_writes(writes: Sequence[tuple[str, Any]]) -> tuple[dict[int, tuple[str
         else:
             regular.append((idx, channel, value))
     return special, regular
+
+
+def _check_write(i: int, write: object) -> None:
+    """Raise unless ``write`` (``writes[i]``) is a ``(channel name, value)`` tuple or list."""
+    if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
+        raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
 
 
 class WritePolicy(Protocol):
@@ -872,8 +888,13 @@ def _write_label(record: Record, subject: Label) -> Label:
     return lambda: f"write {record.name!r} of {_text(subject)}"
 
 
-def _value_label(channel: str, subject: Callable[[], str]) -> Label:
-    return lambda: f"channel {channel!r} of {subject()}"
+def _value_label(channel: str, subject: Callable[[], str]) -> str:
+    """How errors name a channel value of the checkpoint ``subject`` names.
+
+    Put builds its label as ``partial(_value_label, channel, subject)`` (a C
+    call, not a Python one per value): called only when one is raised.
+    """
+    return f"channel {channel!r} of {subject()}"
 
 
 class VerifiedRecords:
@@ -1119,14 +1140,14 @@ class CheckpointLayout:
         changed, inherited = split_channels(versions, new_versions)
         for channel in changed:
             if channel in values:
-                plan.add(channel, self._dump(_value_label(channel, subject), values[channel]))
+                plan.add(channel, self._dump(partial(_value_label, channel, subject), values[channel]))
         if inherited:
             prior = self.parents.of(p, ns, parent) if parent else None
             if prior is None:
                 prior = yield from self._parent_record_flow(p, ns, parent)
             for channel in inherited:
                 if not plan.inherit(channel, versions[channel], prior) and channel in values:
-                    plan.add(channel, self._dump(_value_label(channel, subject), values[channel]))
+                    plan.add(channel, self._dump(partial(_value_label, channel, subject), values[channel]))
         payload = checkpoint_payload(ns, cid, parent, checkpoint, metadata, plan)
         record = self.integrity.put(
             p,

@@ -436,7 +436,9 @@ class Checkpointer(BaseCheckpointSaver[str]):
 
     # -- flows per public call (built once, driven sync or async) ---------------
     # ``_put_flow`` and ``_put_writes_flow`` check their arguments when called
-    # (inside ``put``/``aput``, before any I/O) and return the layout's flow itself.
+    # (inside ``put``/``aput``, before any I/O; the writes themselves are checked by
+    # the layout flow's first pass, also before its first step) and return the
+    # layout's flow itself.
 
     def _get_tuple_flow(self, config: RunnableConfig) -> Flow[CheckpointTuple | None]:
         conf, p = self._where(config)
@@ -514,9 +516,8 @@ class Checkpointer(BaseCheckpointSaver[str]):
             task_id = _text("task_id", task_id)
         if type(task_path) is not str:
             task_path = _text("task_path", task_path, "")
-        for i, write in enumerate(writes):
-            if not isinstance(write, (tuple, list)) or len(write) != 2 or not isinstance(write[0], str):
-                raise InvalidArgumentError(f"writes[{i}]", "must be a (channel name, value) pair")
+        # Each write is checked to be a (channel, value) pair by the flow's first pass over
+        # them (``split_writes``), before its first step: one loop over the writes, not two.
         return self.layout.put_writes_flow(p, ns, cid, writes, task_id, task_path, self)
 
     def _delete_thread_flow(self, thread_id: str) -> Flow[None]:

@@ -124,7 +124,7 @@ class Mode(enum.Enum):
 # ``__init__`` of their own (``init=False``): the generated frozen one sets
 # each field with ``object.__setattr__``; these set the instance dict in one
 # call, about half the construction time. Same signature, same defaults.
-# (WriteResult, two fields, gains nothing from it and keeps the generated one.)
+# (WriteResult too: two are built per write, the backend's and the lease layer's.)
 _set = object.__setattr__
 #: The default of ``Put.tags``: each Put gets a dict of its own, as ``default_factory=dict`` gave.
 _FRESH_TAGS: Mapping[str, str] = MappingProxyType({})
@@ -215,7 +215,7 @@ class Conflict:
     existing: Record | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WriteResult:
     """Outcome of :meth:`Backend.write`.
 
@@ -226,6 +226,9 @@ class WriteResult:
 
     records: Sequence[Record]
     conflict: Conflict | None = None
+
+    def __init__(self, records: Sequence[Record], conflict: Conflict | None = None) -> None:
+        _set(self, "__dict__", {"records": records, "conflict": conflict})
 
 
 @dataclass(frozen=True, init=False)
@@ -338,7 +341,8 @@ def tags_json(tags: Mapping[str, str]) -> str:
     """
     if not tags:  # most records (blobs, writes)
         return "{}"
-    return "{" + ",".join(f"{_json_str(k)}:{_json_str(v)}" for k, v in sorted(tags.items())) + "}"
+    # A list, not a generator: join takes it as is (no generator resumed per tag).
+    return "{" + ",".join([f"{_json_str(k)}:{_json_str(v)}" for k, v in sorted(tags.items())]) + "}"
 
 
 def children_range(name: str) -> tuple[str, str]:
@@ -390,7 +394,7 @@ def unchanged_reput(put: Put, stored: Record | None) -> bool:
     """
     return (
         stored is not None
-        and put.mode is Mode.IF_MATCH
+        and put.mode is _IF_MATCH
         and put.etag == put.if_match == stored.etag
         and put.digest == stored.digest
         and put.tags == stored.tags

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
 from .._names import Partition
-from .base import Backend, Delete, ListQuery, Put, Record, WriteResult
+from .base import Backend, Delete, ListQuery, Put, Record, WriteResult, _set
 
 __all__ = [
     "DropOp",
@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_set = object.__setattr__
 #: What a step runs on (a :class:`Backend`, or Redis's transport for its round trips).
 Target = TypeVar("Target", contravariant=True)
 _On = TypeVar("_On")

@@ -16,7 +16,9 @@ Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
     :attr:`Partition.key`, names in ``"C"`` collation: byte order, which is
     the contract's name order); index ``(pkey || '', seq)``, which only
     the reads in seq order name (migration 6). ``tags`` is the
-    record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea.
+    record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea
+    (compressed with LZ4 when the row is large, since migration 7, where the
+    server has LZ4; pglz before).
 ``tags(pkey, name, k, v, seq)``
     one row per tag (key and value JSON-encoded, so any string is stored
     injectively), indexes ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a

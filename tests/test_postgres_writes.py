@@ -20,18 +20,14 @@ import pytest
 
 from checkpointers._flows import make_put
 from checkpointers._names import Partition
-from checkpointers.backends.base import Delete, ListQuery, Mode, Put
+from checkpointers.backends.base import Delete, ListQuery, Mode
 from checkpointers.backends.postgres import SCHEMA_VERSION, PostgresBackend
 from tests.plugins.postgres_plugin import with_query
 from tests.test_postgres_backend import schema_at
+from tests.test_postgres_lock import _guard  # the lease guard's re-put: kept, not rewritten
 
 #: A value the server compresses (well over the 2 KB at which a row's values are compressed).
 _BIG = b"checkpoint " * 400
-
-
-def _guard(rec: Any) -> Put:
-    """The unchanged IF_MATCH re-put of a stored record (what a lease guard sends): kept, not rewritten."""
-    return Put(rec.name, rec.value, rec.digest, rec.etag, dict(rec.tags), Mode.IF_MATCH, rec.etag)
 
 
 @pytest.fixture
@@ -57,7 +53,8 @@ def _lz4(postgres_url: str) -> bool:
 
 def test_kept_puts_return_their_own_stored_rows_around_written_ones(postgres_url: str, schema: str) -> None:
     p = Partition("u", "items", "kept")
-    with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+    b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
+    with b:
         a, c = b.write(p, [make_put("a", b"A", tags={"t": "a"}), make_put("c", _BIG, mode=Mode.APPEND)]).records
         batch = [_guard(a), make_put("b", b"B", tags={"t": "b"}), make_put("c", _BIG, mode=Mode.APPEND)]
         kept_a, new_b, kept_c = b.write(p, batch).records
@@ -72,7 +69,8 @@ def test_kept_puts_return_their_own_stored_rows_around_written_ones(postgres_url
 
 def test_a_refused_batch_leaves_no_row_of_its_checks(postgres_url: str, schema: str) -> None:
     p = Partition("u", "items", "refused")
-    with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+    b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
+    with b:
         (x,) = b.write(p, [make_put("x", b"X", tags={"t": "x"})]).records
         batch = [make_put("n1", b"1", tags={"t": "n"}, mode=Mode.APPEND), make_put("x", b"Y", mode=Mode.CREATE)]
         refused = b.write(p, batch)
@@ -87,7 +85,8 @@ def test_a_refused_batch_leaves_no_row_of_its_checks(postgres_url: str, schema: 
 
 def test_a_replaced_record_gets_new_tag_rows(postgres_url: str, schema: str) -> None:
     p = Partition("u", "items", "tags")
-    with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+    b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
+    with b:
         (old,) = b.write(p, [make_put("r", b"1", tags={"t": "old", "k": "1"})]).records
         (new,) = b.write(p, [make_put("r", b"2", tags={"t": "new"}, mode=Mode.IF_MATCH, if_match=old.etag)]).records
         assert new.seq > old.seq and b.list(p, ListQuery(tags={"t": "old"})) == []
@@ -100,7 +99,8 @@ def test_a_version_6_schema_migrates_to_7(postgres_url: str, schema: str) -> Non
     """Records a version-6 ``write_batch`` wrote (pglz) read back; values written from then on use LZ4."""
     p = Partition("u", "items", "v6")
     schema_at(postgres_url, schema, 6)
-    with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+    b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
+    with b:
         b._ready = True  # write through version 6's function first
         old, lease = b.write(p, [make_put("old", _BIG, tags={"t": "1"}, mode=Mode.APPEND), make_put("l", b"L")]).records
         assert b.migrate() == 6 and b.migrate() == SCHEMA_VERSION == 7
@@ -116,7 +116,8 @@ def test_a_version_6_schema_migrates_to_7(postgres_url: str, schema: str) -> Non
 def test_values_are_compressed_with_lz4(postgres_url: str, schema: str) -> None:
     if not _lz4(postgres_url):
         pytest.skip("this PostgreSQL was built without LZ4: migration 7 keeps pglz")
-    with PostgresBackend.from_url(with_query(postgres_url, schema=schema)) as b:
+    b = PostgresBackend.from_url(with_query(postgres_url, schema=schema))
+    with b:
         b.migrate()
     sql = (
         "SELECT attcompression FROM pg_attribute "

@@ -7,6 +7,7 @@ returns its own stored row (also several in one batch, around written
 ones), a refused batch leaves no row of its checks' inserts and no tag row,
 a replaced record's tags are replaced; and a version-6 schema, written by its
 own function, migrates and keeps its records, new values compressed with LZ4.
+On the client, writes on one connection reuse its cursor and their dumpers.
 """
 
 from __future__ import annotations
@@ -124,3 +125,20 @@ def test_values_are_compressed_with_lz4(postgres_url: str, schema: str) -> None:
         f"WHERE attrelid = '{schema}.records'::regclass AND attname IN ('value', 'tags') ORDER BY attname"
     )
     assert _rows(postgres_url, sql) == [("",), ("l",)]  # tags (small) keeps the default; value is LZ4
+
+
+def test_writes_on_one_connection_reuse_its_cursor_and_dumpers(postgres_url: str, schema: str) -> None:
+    """One cursor per connection, and the write statement one string object: psycopg keeps the cursor's
+    Transformer (the dumpers it built for a write's parameters) from one write to the next."""
+    p = Partition("u", "items", "cursor")
+    conninfo = PostgresBackend.from_url(postgres_url).conninfo
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        b = PostgresBackend(conn, schema=schema)
+        b.write(p, [make_put("a0", b"0", tags={"t": "0"})])
+        cursor = conn._checkpointers_cursor  # type: ignore[attr-defined]
+        transformer = cursor._tx
+        for k in range(1, 4):
+            b.write(p, [make_put(f"a{k}", b"1", tags={"t": "1"}, mode=Mode.APPEND)])
+            assert conn._checkpointers_cursor is cursor and cursor._tx is transformer  # type: ignore[attr-defined]
+        assert [r.name for r in b.get(p, ["a0", "a3"]) if r] == ["a0", "a3"]  # other statements share the cursor
+        assert conn._checkpointers_cursor is cursor  # type: ignore[attr-defined]

@@ -16,7 +16,9 @@ Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
     :attr:`Partition.key`, names in ``"C"`` collation: byte order, which is
     the contract's name order); index ``(pkey || '', seq)``, which only
     the reads in seq order name (migration 6). ``tags`` is the
-    record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea.
+    record's canonical tags JSON (:func:`~.base.tags_json`), ``value`` bytea
+    (compressed with LZ4 when the row is large, since migration 7, where the
+    server has LZ4; pglz before).
 ``tags(pkey, name, k, v, seq)``
     one row per tag (key and value JSON-encoded, so any string is stored
     injectively), indexes ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a
@@ -112,6 +114,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import json
 import random
 import re
@@ -442,6 +445,18 @@ _WRITE_SQL = (
 )
 
 
+@functools.lru_cache(maxsize=64)
+def _write_sql(s: str) -> str:
+    """Schema ``s``'s write statement, one string object per schema.
+
+    A cursor keeps its adapters (its ``Transformer``, with the dumpers it
+    looked up) only while it runs the very query object it ran last, so the
+    writes on one connection's cursor (:func:`_own_cursor`) dump their
+    parameters with the dumpers of the previous write.
+    """
+    return _WRITE_SQL.format(s=s)
+
+
 def _write_op(
     s: str,
     partition: Partition,
@@ -454,7 +469,7 @@ def _write_op(
     check_batch(puts, deletes)
     if not puts and not deletes:
         return WriteResult(records=[])
-    rows = yield _Stmt(_WRITE_SQL.format(s=s), _write_params(partition, puts, deletes, times))
+    rows = yield _Stmt(_write_sql(s), _write_params(partition, puts, deletes, times))
     if rows and rows[0][0] == 1:
         _, index, name, seq, *_ = rows[0]
         if retried:  # an earlier attempt may have applied this batch before its reply was lost
@@ -1220,7 +1235,7 @@ def _drive(conn: psycopg.Connection[Any], op: _Op[T]) -> T:
                 cursors = [_cursor(conn).execute(s.sql, s.params, binary=True) for s in stmt.statements]
             rows: Any = [_fetched(cur) for cur in cursors]
         else:
-            rows = _fetched(_cursor(conn).execute(stmt.sql, stmt.params, binary=True))
+            rows = _fetched(_own_cursor(conn).execute(stmt.sql, stmt.params, binary=True))
         stmt, result = _step(op, rows)
     return result  # type: ignore[return-value]
 
@@ -1233,13 +1248,33 @@ async def _adrive(conn: psycopg.AsyncConnection[Any], op: _Op[T]) -> T:
                 cursors = [await _acursor(conn).execute(s.sql, s.params, binary=True) for s in stmt.statements]
             rows: Any = [await _afetched(cur) for cur in cursors]
         else:
-            rows = await _afetched(await _acursor(conn).execute(stmt.sql, stmt.params, binary=True))
+            rows = await _afetched(await _own_cursor(conn).execute(stmt.sql, stmt.params, binary=True))
         stmt, result = _step(op, rows)
     return result  # type: ignore[return-value]
 
 
+#: The attribute of a connection holding the backend's cursor of it (see :func:`_own_cursor`).
+_OWN_CURSOR = "_checkpointers_cursor"
+
+
+def _own_cursor(conn: Any) -> Any:
+    """The connection's cursor of tuple rows (whatever row factory a caller's connection has), made once.
+
+    Reused by every single statement on that connection (one operation at a
+    time uses a connection), so a statement run again, as the write is
+    (:func:`_write_sql`), keeps its dumpers: a new cursor per statement
+    looked up and built a dumper for each of a write's seventeen parameters
+    again. A pipeline's statements each take a new cursor (:func:`_cursor`).
+    """
+    cur = getattr(conn, _OWN_CURSOR, None)
+    if cur is None or cur.closed:
+        cur = _cursor(conn)
+        setattr(conn, _OWN_CURSOR, cur)
+    return cur
+
+
 def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    """A cursor of tuple rows, whatever row factory a caller's connection has."""
+    """A new cursor of tuple rows, whatever row factory a caller's connection has."""
     return conn.cursor(row_factory=tuple_row)
 
 

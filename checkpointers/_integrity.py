@@ -157,10 +157,24 @@ class Integrity:
         staged: bool = False,
         sha: str | None = None,
     ) -> Put:
-        """A :class:`Put` of ``value`` at ``name`` in ``p``, sealed to that place."""
-        tags = tags or {}
+        """A :class:`Put` of ``value`` at ``name`` in ``p``, sealed to that place.
+
+        Every record written goes through here: the seal is :meth:`seal`'s,
+        built inline (the same message and digest; two calls less per record).
+        """
+        if not tags:
+            tags, tj = {}, _NO_TAGS
+        else:
+            tj = _field(tags_json(tags))
         sha = sha or _sha256(value).hexdigest()
-        return Put(name, value, self.seal(p, name, tags, sha), etag, tags, mode, if_match, staged)
+        raw = name.encode("utf-8", "surrogatepass")
+        msg = b"".join((_DOMAIN, p.fields, len(raw).to_bytes(4, "big"), raw, tj, sha.encode()))  # as _message
+        if self._signer is None:
+            sealed = f"{sha}.u{_sha256(msg).hexdigest()[:_SEAL_HEX]}"
+        else:
+            kid, key = self._signer
+            sealed = f"{sha}.k{kid}{hmac.digest(key, msg, 'sha256').hex()[:_SEAL_HEX]}"
+        return Put(name, value, sealed, etag, tags, mode, if_match, staged)
 
     # -- checking ---------------------------------------------------------------
 

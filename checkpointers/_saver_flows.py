@@ -35,7 +35,7 @@ is time order and the latest checkpoint is one ``list(limit=1)``.
 
 The module is in two parts. Pure planners (no I/O, tested on their own in
 ``tests/test_saver_plan.py``): the names and tags above, where each channel
-value of a put goes (:func:`split_channels`, :class:`ChannelPlan`,
+value of a put goes (:class:`ChannelPlan`,
 :func:`checkpoint_payload`), which writes are special (:func:`split_writes`),
 which listings a load needs (:func:`writes_queries`, :func:`writes_by_owner`)
 and the bounded list walks (:func:`list_starts`, :func:`list_next`, ...).
@@ -153,6 +153,7 @@ _WRITE_OVERHEAD = 24
 #: before giving up with ConcurrencyError (each round means another writer
 #: stored writes of the same task in between).
 _WRITE_ATTEMPTS = 4
+_APPEND = Mode.APPEND
 
 logger = logging.getLogger("checkpointers.savers")
 _T = TypeVar("_T")
@@ -162,7 +163,17 @@ _T = TypeVar("_T")
 
 
 def ckpt_prefix(ns: str) -> str:
-    return f"{_CKPT}{enc(ns)}/"
+    """``c/<encoded ns>/``: where namespace ``ns``'s checkpoints are (remembered: every put and read names one)."""
+    prefix = _NS_PREFIXES.get(ns)
+    if prefix is None:
+        prefix = f"{_CKPT}{enc(ns)}/"
+        if len(_NS_PREFIXES) < _LATEST_KEPT:  # a graph has a handful of namespaces; never grow without bound
+            _NS_PREFIXES[ns] = prefix
+    return prefix
+
+
+#: :func:`ckpt_prefix` by namespace, at most :data:`_LATEST_KEPT`.
+_NS_PREFIXES: dict[str, str] = {}
 
 
 def ckpt_name(ns: str, cid: str) -> str:
@@ -466,15 +477,6 @@ def _unframe(data: bytes) -> tuple[str, bytes]:
     return data[1 : 1 + n].decode("utf-8"), data[1 + n :]
 
 
-def split_channels(versions: Mapping[str, Any], new_versions: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """A new checkpoint's channels (in ``versions`` order): those ``new_versions`` changed, and the others."""
-    changed: list[str] = []
-    inherited: list[str] = []
-    for channel in versions:
-        (changed if channel in new_versions else inherited).append(channel)
-    return changed, inherited
-
-
 class ChannelPlan:
     """Where each channel value of a checkpoint being written goes (pure: no I/O).
 
@@ -504,17 +506,28 @@ class ChannelPlan:
 
     def inherit(self, channel: str, version: Any, parent: Channels) -> bool:
         """Reuse the parent's blob or inline value of an unchanged channel; False when it must be added."""
-        if channel not in parent.versions or parent.versions[channel] != version:
-            return False
-        if channel in parent.blobs:
-            self.blobs[channel] = parent.blobs[channel]
-            return True
-        old = parent.inline.get(channel)
-        if old is not None and len(old) <= self.budget:
-            self.inline[channel] = old
-            self.budget -= len(old)
-            return True
-        return False
+        return not self.inherit_all((channel,), {channel: version}, parent)
+
+    def inherit_all(self, channels: Iterable[str], versions: Mapping[str, Any], parent: Channels) -> list[str]:
+        """:meth:`inherit` each of ``channels`` (at its version in ``versions``), in order; those it could not.
+
+        One call for a put's unchanged channels, not one each.
+        """
+        left: list[str] = []
+        known, blobs, inline = parent.versions, parent.blobs, parent.inline
+        for channel in channels:
+            if channel not in known or known[channel] != versions[channel]:
+                left.append(channel)
+            elif channel in blobs:
+                self.blobs[channel] = blobs[channel]
+            else:
+                old = inline.get(channel)
+                if old is not None and len(old) <= self.budget:
+                    self.inline[channel] = old
+                    self.budget -= len(old)
+                else:
+                    left.append(channel)
+        return left
 
 
 def checkpoint_payload(
@@ -1137,16 +1150,19 @@ class CheckpointLayout:
         values: dict[str, Any] = checkpoint.get("channel_values") or {}
         versions: dict[str, Any] = dict(checkpoint.get("channel_versions") or {})
         plan = ChannelPlan(_INLINE_MAX, _INLINE_BUDGET)
-        changed, inherited = split_channels(versions, new_versions)
-        for channel in changed:
-            if channel in values:
+        # One pass in the checkpoint's order: the changed values are placed first, the others after.
+        inherited: list[str] = []
+        for channel in versions:
+            if channel not in new_versions:
+                inherited.append(channel)
+            elif channel in values:
                 plan.add(channel, self._dump(partial(_value_label, channel, subject), values[channel]))
         if inherited:
             prior = self.parents.of(p, ns, parent) if parent else None
             if prior is None:
                 prior = yield from self._parent_record_flow(p, ns, parent)
-            for channel in inherited:
-                if not plan.inherit(channel, versions[channel], prior) and channel in values:
+            for channel in plan.inherit_all(inherited, versions, prior):  # nearly always none left
+                if channel in values:
                     plan.add(channel, self._dump(partial(_value_label, channel, subject), values[channel]))
         payload = checkpoint_payload(ns, cid, parent, checkpoint, metadata, plan)
         record = self.integrity.put(
@@ -1205,7 +1221,7 @@ class CheckpointLayout:
         """
         task = (task_id, task_path)
         subject = _Lazy(lambda: f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})")
-        prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
+        prefix = f"{ckpt_prefix(ns)}{enc(cid)}/{enc(task_id)}/"  # writes_prefix(ns, cid) + the task
         special, regular = split_writes(writes)
         special_puts = self._special_puts(p, prefix, special, task, subject) if special else []
         for _ in range(_WRITE_ATTEMPTS):
@@ -1257,11 +1273,27 @@ class CheckpointLayout:
         task_path: str,
         subject: Label,
     ) -> tuple[list[Put], list[list[tuple[int, str, Any]]]]:
-        """One APPEND record per chunk of the regular writes (see :meth:`_packed`), and the chunks."""
+        """One APPEND record per chunk of the regular writes (see :meth:`_packed`), and the chunks.
+
+        Nearly every call: all of them in one record, serialized once here;
+        :meth:`_packed` splits them only when that one does not fit.
+        """
+        if not regular:
+            return [], []
+        try:
+            data = self._dump(
+                lambda: f"writes {regular[0][0]}..{regular[-1][0]} of {_text(subject)}",
+                {"task_id": task_id, "task_path": task_path, "w": list(map(list, regular))},
+            )
+        except (ItemTooLargeError, TypeError):
+            if len(regular) == 1:
+                raise  # already names the write
+        else:
+            return [self.integrity.put(p, f"{prefix}{regular[0][0]}", data, etag=new_etag(), mode=_APPEND)], [regular]
         puts: list[Put] = []
         chunks: list[list[tuple[int, str, Any]]] = []
         for chunk, data in self._packed(regular, task_id, task_path, subject):
-            puts.append(self.integrity.put(p, f"{prefix}{chunk[0][0]}", data, etag=new_etag(), mode=Mode.APPEND))
+            puts.append(self.integrity.put(p, f"{prefix}{chunk[0][0]}", data, etag=new_etag(), mode=_APPEND))
             chunks.append(chunk)
         return puts, chunks
 
@@ -1292,25 +1324,18 @@ class CheckpointLayout:
     def _packed(
         self, writes: list[tuple[int, str, Any]], task_id: str, task_path: str, subject: Label
     ) -> list[tuple[list[tuple[int, str, Any]], bytes]]:
-        """``writes`` as records of at most the size cap: ``(writes, serialized record)`` each.
+        """``writes`` (two or more, together over the size cap or not serializable: see
+        :meth:`_regular_puts`) as records of at most the cap: ``(writes, serialized record)`` each.
 
-        One record holding all of them when it fits (one serialization);
-        otherwise each write is serialized alone (a write over the cap or
-        that cannot be serialized raises, naming it) and consecutive runs are
-        packed while their sizes fit.
+        Each write is serialized alone (a write over the cap or that cannot be
+        serialized raises, naming it) and consecutive runs are packed while
+        their sizes fit.
         """
-        if not writes:
-            return []
 
         def dump(chunk: list[tuple[int, str, Any]]) -> bytes:
             payload = {"task_id": task_id, "task_path": task_path, "w": list(map(list, chunk))}  # no frame of its own
             return self._dump(lambda: f"writes {chunk[0][0]}..{chunk[-1][0]} of {_text(subject)}", payload)
 
-        try:
-            return [(writes, dump(writes))]
-        except (ItemTooLargeError, TypeError):
-            if len(writes) == 1:
-                raise  # already names the write
         fixed = len(f"{task_id}{task_path}".encode("utf-8", "surrogatepass")) + _PACK_OVERHEAD
         budget = self.max_item_bytes - fixed
         chunks: list[list[tuple[int, str, Any]]] = []

@@ -387,7 +387,9 @@ class Checkpointer(BaseCheckpointSaver[str]):
 
     def _where(self, config: RunnableConfig | None) -> tuple[Mapping[str, Any], Partition]:
         """The config's ``configurable`` section and its thread's partition (the config parsed once)."""
-        conf = self._conf(config)
+        found: Any = config.get("configurable") if type(config) is dict else None
+        # Nearly every call: a non-empty dict, :meth:`_conf`'s first case without its call.
+        conf: Mapping[str, Any] = found if type(found) is dict and found else self._conf(config)
         return conf, self._partition_of(conf, conf.get("thread_id"))
 
     def _partition_of(self, conf: Mapping[str, Any] | None, thread_id: object) -> Partition:
@@ -485,7 +487,9 @@ class Checkpointer(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> Flow[RunnableConfig]:
         conf, p = self._where(config)
-        ns = _ns(conf)
+        ns = conf.get("checkpoint_ns")
+        if type(ns) is not str:  # nearly every call: a str, no call to check it
+            ns = _ns(conf)
         parent = conf.get("checkpoint_id")
         if parent is not None and type(parent) is not str:
             parent = _text("configurable.checkpoint_id", parent)
@@ -504,7 +508,9 @@ class Checkpointer(BaseCheckpointSaver[str]):
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> Flow[None]:
         conf, p = self._where(config)
-        ns = _ns(conf)
+        ns = conf.get("checkpoint_ns")
+        if type(ns) is not str:  # nearly every call: a str, no call to check it
+            ns = _ns(conf)
         cid = conf.get("checkpoint_id")
         if cid is None:
             raise InvalidArgumentError(

@@ -23,7 +23,6 @@ from checkpointers._saver_flows import (
     checkpoint_payload,
     ckpt_name,
     ckpt_prefix,
-    split_channels,
     split_writes,
     writes_by_owner,
     writes_prefix,
@@ -51,10 +50,13 @@ def _record(name: str) -> Record:
 # -- put: where each channel goes ------------------------------------------------
 
 
-def test_split_channels_keeps_the_checkpoints_order() -> None:
-    versions = {"a": 1, "b": 2, "c": 3, "d": 4}
-    assert split_channels(versions, {"c": 3, "a": 1, "zz": 9}) == (["a", "c"], ["b", "d"])
-    assert split_channels({}, {"a": 1}) == ([], [])
+def test_inherit_all_keeps_the_parents_places_in_order_and_gives_back_the_others() -> None:
+    parent = Channels(versions={"a": 1, "b": 1, "c": 1, "d": 1}, blobs={"a": "d" * 64}, inline={"b": b"12", "d": b"3"})
+    plan = ChannelPlan(inline_max=100, budget=2)
+    left = plan.inherit_all(["d", "a", "b", "c", "new"], {"a": 1, "b": 1, "c": 1, "d": 1, "new": 1}, parent)
+    assert left == ["b", "c", "new"]  # b: over the budget d left; c: no value in the parent; new: not in it
+    assert plan.blobs == {"a": "d" * 64} and plan.inline == {"d": b"3"} and plan.budget == 1
+    assert plan.inherit_all(["a"], {"a": 2}, parent) == ["a"]  # another version
 
 
 def test_a_small_value_goes_inline_while_the_budget_lasts_then_into_a_blob() -> None:

@@ -69,6 +69,7 @@ from langgraph.checkpoint.base import (
     PendingWrite,
     writes_sort_key,
 )
+from langgraph.checkpoint.serde import jsonplus as _jsonplus
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from ormsgpack import unpackb as _unpackb
 
@@ -965,6 +966,26 @@ class VerifiedRecords:
             self._bytes = 0
 
 
+def _packer(serde: SerializerProtocol) -> Callable[[Any], bytes] | None:
+    """The function ``serde.dumps_typed`` packs a dict, list or str with, when calling it directly is the same.
+
+    That is LangGraph's ``JsonPlusSerializer.dumps_typed`` without pickle
+    fallback: ``("msgpack", _msgpack_enc(obj))`` for anything but None and
+    bytes, an encoding error raised as is. Any other serializer, or a
+    LangGraph without that function, gets None: ``dumps_typed`` is called.
+    ``tests/test_h1_write_path.py`` checks both give the same bytes.
+    """
+    enc = getattr(_jsonplus, "_msgpack_enc", None)
+    if (
+        callable(enc)
+        and isinstance(serde, _jsonplus.JsonPlusSerializer)
+        and type(serde).dumps_typed is _jsonplus.JsonPlusSerializer.dumps_typed
+        and getattr(serde, "pickle_fallback", True) is False
+    ):
+        return enc  # type: ignore[no-any-return]
+    return None
+
+
 class BatchWriter(Protocol):
     """How a layout's writes reach the backend: one atomic batch of ``p``, its result.
 
@@ -1003,12 +1024,15 @@ class CheckpointLayout:
     _msgpack: Callable[[bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
     #: ``serde.msgpack_hook()`` then (see :meth:`_payload`), else None.
     _hook: Callable[[int, bytes], Any] | None = field(init=False, repr=False, compare=False, default=None)
+    #: What ``serde.dumps_typed`` packs a dict, list or str with when it is LangGraph's own (see :meth:`_dump`).
+    _pack: Callable[[Any], bytes] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         serde = self.serde
         if isinstance(serde, SafeSerializer) and type(serde).loads_typed is SafeSerializer.loads_typed:
             object.__setattr__(self, "_msgpack", serde.loads_msgpack)
             object.__setattr__(self, "_hook", serde.msgpack_hook())
+        object.__setattr__(self, "_pack", _packer(serde))
 
     def write_batch(self, p: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()) -> Flow[WriteResult]:
         """Every write of the layout goes through here: :attr:`writer` if set, else a plain :func:`write`.
@@ -1025,16 +1049,24 @@ class CheckpointLayout:
         """Serialize with the saver's serde, then enforce the size cap (no I/O).
 
         ``label`` names the value in errors (a callable: built only then).
+        A dict, list or str goes straight to :attr:`_pack` when set (what
+        ``dumps_typed`` would do with it, without its calls).
         """
+        kind = type(obj)
+        typed: tuple[str, bytes] | None = None
         try:
-            typed = self.serde.dumps_typed(obj)
+            if self._pack is not None and (kind is dict or kind is str or kind is list):  # nearly every value
+                data = _MSGPACK_FRAME + self._pack(obj)
+            else:
+                typed = self.serde.dumps_typed(obj)
         except Exception as exc:  # RecursionError included: nesting too deep
             raise UnserializableValueError(
                 _text(label),
-                f"{type(self.serde).__name__} cannot serialize a value of type {type(obj).__name__} "
+                f"{type(self.serde).__name__} cannot serialize a value of type {kind.__name__} "
                 f"({type(exc).__name__}: {str(exc)[:200]})",
             ) from None
-        data = _MSGPACK_FRAME + typed[1] if typed[0] == "msgpack" and type(typed[1]) is bytes else _frame(typed)
+        if typed is not None:
+            data = _MSGPACK_FRAME + typed[1] if typed[0] == "msgpack" and type(typed[1]) is bytes else _frame(typed)
         if len(data) > self.max_item_bytes:
             check_size(_text(label), len(data), self.max_item_bytes)
         return data

@@ -50,3 +50,48 @@ def _record(put: Any) -> Any:
 @pytest.mark.parametrize("ns", ["", "a:1|b:2", "x" * 300, "\u00e9/."])
 def test_ckpt_prefix_remembered_is_the_encoded_one(ns: str) -> None:
     assert ckpt_prefix(ns) == f"c/{enc(ns)}/" == ckpt_prefix(ns)
+
+
+_DUMPED: list[Any] = [
+    {}, {"a": 1, "b": [1, 2.5, None, True]}, [], ["x", {"y": b"\x00"}], "", "text \u00e9\U0001f600",
+    {"set": {1, 2}}, [("t", 1)], {"nested": {"deep": [[{}]]}},
+]
+
+
+@pytest.mark.parametrize("value", _DUMPED, ids=repr)
+def test_dump_packs_as_the_serializers_dumps_typed_frames(value: Any) -> None:
+    from checkpointers._saver_flows import _MSGPACK_FRAME, _frame
+    from checkpointers.savers import MemoryCheckpointer
+
+    layout = MemoryCheckpointer().layout
+    assert layout._pack is not None  # the default serializer takes the shortcut
+    typed = layout.serde.dumps_typed(value)
+    expected = _MSGPACK_FRAME + typed[1] if typed[0] == "msgpack" else _frame(typed)
+    assert layout._dump("v", value) == expected
+
+
+def test_dump_refuses_what_the_serializer_refuses_naming_the_value() -> None:
+    from checkpointers.errors import ItemTooLargeError, UnserializableValueError
+    from checkpointers.savers import MemoryCheckpointer
+
+    layout = MemoryCheckpointer().layout
+    for refused in ({"k": object()}, {"n": 2**70}, [object()]):
+        with pytest.raises(UnserializableValueError, match="the value"):
+            layout._dump("the value", refused)
+    small = MemoryCheckpointer(max_item_bytes=64).layout
+    with pytest.raises(ItemTooLargeError):
+        small._dump("big", "x" * 100)
+
+
+def test_a_serializer_of_its_own_is_always_called() -> None:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from checkpointers._saver_flows import _packer
+
+    class Mine(JsonPlusSerializer):
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return "mine", b"!"
+
+    assert _packer(Mine(pickle_fallback=False)) is None
+    assert _packer(JsonPlusSerializer(pickle_fallback=True)) is None  # may pickle what msgpack refuses
+    assert _packer(JsonPlusSerializer(pickle_fallback=False)) is not None

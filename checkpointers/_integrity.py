@@ -164,8 +164,9 @@ class Integrity:
         """
         if not tags:
             tags, tj = {}, _NO_TAGS
-        else:
-            tj = _field(tags_json(tags))
+        else:  # _field(tags_json(tags)), inline
+            tj = tags_json(tags).encode("utf-8", "surrogatepass")
+            tj = len(tj).to_bytes(4, "big") + tj
         sha = sha or _sha256(value).hexdigest()
         raw = name.encode("utf-8", "surrogatepass")
         msg = b"".join((_DOMAIN, p.fields, len(raw).to_bytes(4, "big"), raw, tj, sha.encode()))  # as _message

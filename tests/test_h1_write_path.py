@@ -1,9 +1,11 @@
 """The write path's inlined shortcuts give exactly what the general code gives.
 
 ``Integrity.put`` builds its seal inline (not through ``seal``/``_message``),
-``CheckpointLayout._regular_puts`` serializes one record without ``_packed``,
-and ``ckpt_prefix`` remembers its namespaces: each is checked here against the
-general code it stands for, so a shortcut that drifts fails.
+``CheckpointLayout._dump`` packs with LangGraph's encoder directly,
+``_regular_puts`` serializes one record without ``_packed``, ``ckpt_prefix``
+remembers its namespaces, and a put's one pass over its channels still places
+the changed values first: each is checked here against the general code or
+rule it stands for, so a shortcut that drifts fails.
 """
 
 from __future__ import annotations
@@ -95,3 +97,51 @@ def test_a_serializer_of_its_own_is_always_called() -> None:
     assert _packer(Mine(pickle_fallback=False)) is None
     assert _packer(JsonPlusSerializer(pickle_fallback=True)) is None  # may pickle what msgpack refuses
     assert _packer(JsonPlusSerializer(pickle_fallback=False)) is not None
+
+
+def test_a_put_places_its_changed_values_first_then_keeps_the_parents_places() -> None:
+    """Changed values take the record's inline budget before unchanged ones, whatever the channel order."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from checkpointers._saver_flows import _INLINE_BUDGET, _INLINE_MAX
+    from checkpointers.savers import MemoryCheckpointer
+
+    saver = MemoryCheckpointer()
+    size = _INLINE_MAX - 64  # serialized, just under the inline cap: four fill the budget
+    assert 4 * (size + 64) <= _INLINE_BUDGET < 5 * size
+    names = ["u1", "u2", "u3", "u4", "c"]  # the changed channel comes last in the checkpoint's order
+    config: dict[str, Any] = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    versions: dict[str, Any] = {}
+    values = {n: n * (size // len(n)) for n in names}
+    for step, changed in enumerate([names, ["c"]]):
+        for n in changed:
+            versions[n] = saver.get_next_version(versions.get(n), None)
+        values["c"] = f"{step}" * size
+        checkpoint: Any = {**empty_checkpoint(), "id": f"1ef0000{step}", "channel_versions": dict(versions),
+                           "channel_values": dict(values)}
+        config = saver.put(config, checkpoint, {"step": step}, {n: versions[n] for n in changed})
+    p = saver._partition(config, "t")
+    placed = saver.layout.parents.of(p, "", "1ef00001")
+    assert placed is not None
+    assert "c" in placed.inline and "u4" in placed.blobs  # c first; u4 no longer fits inline
+    assert set(placed.inline) == {"c", "u1", "u2", "u3"}
+    got = saver.get_tuple(config)
+    assert got is not None and got.checkpoint["channel_values"] == values
+
+
+def test_regular_writes_are_one_record_when_they_fit_and_split_when_they_do_not() -> None:
+    from checkpointers._saver_flows import _unframe
+    from checkpointers.savers import MemoryCheckpointer
+
+    layout = MemoryCheckpointer().layout
+    writes = [(0, "a", "x" * 10), (1, "b", 2)]
+    puts, chunks = layout._regular_puts(P, "c/_/_1/_t/", writes, "t", "p", "task t")
+    assert chunks == [writes] and [put.name for put in puts] == ["c/_/_1/_t/0"]
+    payload = layout.serde.loads_typed(_unframe(puts[0].value))
+    assert payload == {"task_id": "t", "task_path": "p", "w": [[0, "a", "x" * 10], [1, "b", 2]]}
+    small = MemoryCheckpointer(max_item_bytes=400).layout
+    big = [(0, "a", "x" * 200), (1, "b", "y" * 200), (2, "c", 3)]
+    puts, chunks = small._regular_puts(P, "c/_/_1/_t/", big, "t", "", "task t")
+    assert chunks == [[big[0]], big[1:]] and [put.name for put in puts] == ["c/_/_1/_t/0", "c/_/_1/_t/1"]
+    assert all(len(put.value) <= 400 for put in puts)
+    assert small._regular_puts(P, "c/_/_1/_t/", [], "t", "", "task t") == ([], [])

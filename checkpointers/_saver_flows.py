@@ -837,9 +837,11 @@ class ParentChannels:
                 self._last.popitem(last=False)
 
     def of(self, p: Partition, ns: str, cid: str) -> Channels | None:
-        """The channels of checkpoint ``cid`` if it is the last one written there, else None."""
-        with self._lock:
-            hit = self._last.get((p.key, ns))
+        """The channels of checkpoint ``cid`` if it is the last one written there, else None.
+
+        One ``get`` of the dict, atomic by itself: no lock (the writers take it).
+        """
+        hit = self._last.get((p.key, ns))
         return hit[1] if hit and hit[0] == cid else None
 
     def forget(self, p: Partition) -> None:

@@ -145,3 +145,22 @@ def test_regular_writes_are_one_record_when_they_fit_and_split_when_they_do_not(
     assert chunks == [[big[0]], big[1:]] and [put.name for put in puts] == ["c/_/_1/_t/0", "c/_/_1/_t/1"]
     assert all(len(put.value) <= 400 for put in puts)
     assert small._regular_puts(P, "c/_/_1/_t/", [], "t", "", "task t") == ([], [])
+
+
+def test_etags_are_fresh_and_a_forked_child_draws_its_own_prefix() -> None:
+    import os
+
+    from checkpointers._flows import new_etag
+
+    first, second = new_etag(), new_etag()
+    assert first != second and first[:24] == second[:24] and len(first) == len(second) == 32
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its first etag and leave at once
+        os.write(write, new_etag().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child[:24] != first[:24]

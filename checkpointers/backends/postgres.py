@@ -21,9 +21,11 @@ Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
     server has LZ4; pglz before).
 ``tags(pkey, name, k, v, seq)``
     one row per tag (key and value JSON-encoded, so any string is stored
-    injectively), indexes ``(pkey, k, v, name)`` and ``(pkey, k, v, seq)``: a
-    tag query walks the index of its order inside one partition and stops at
-    its limit; it never reads another partition's tags.
+    injectively), primary key ``(pkey, k, v, name)`` and index ``(pkey, k, v,
+    seq)``: a tag query walks the index of its order inside one partition and
+    stops at its limit; it never reads another partition's tags. A record's
+    tag rows are deleted by their keys, read from its ``tags`` column
+    (``tag_pairs``, migration 8).
 ``partitions(pkey, user_key, name)``
     one row per non-empty partition: its raw name (``Partition.key`` may be a
     hash) and its expiry.

@@ -939,3 +939,165 @@ BEGIN
     END IF;
 END
 $do$
+
+;;
+-- migration 8: the tags table loses its (pkey, name, k) index. Its primary
+-- key is now (pkey, k, v, name), the index name-order tag reads walk (before,
+-- tags_kv_name, without uniqueness): a tag row costs two index entries where
+-- it cost three (a put of a checkpoint with two tags: two fewer index
+-- inserts, about 290 bytes at rest fewer). The (pkey, name) lookups that
+-- index served were write_batch's deletion of a replaced or deleted record's
+-- tag rows; they now delete each tag row by its full key (one DELETE per tag
+-- row: with all four columns of the unique key given, no plan can walk the
+-- partition's tags, where a join on tag_pairs or = ANY on k and v let the
+-- planner keep only (pkey, name) as the index condition), read from the
+-- record's own tags column (tags_json: canonical, ASCII, keys sorted, every
+-- key and value the same JSON string the tag row holds; tag_pairs cuts them
+-- out of it without decoding). Reads of a partition's tags (drop, sweep,
+-- expiry) go by pkey, the leading column of both indexes. write_batch:
+-- CREATE OR REPLACE, same arguments, results and checks, so a process of an
+-- earlier release runs it too. Building the unique index reads the tags
+-- table once and blocks writes to it meanwhile.
+CREATE FUNCTION @schema.tag_pairs(p_tags text) RETURNS TABLE (k text, v text)
+LANGUAGE sql IMMUTABLE STRICT ROWS 2 AS $fn$
+    SELECT g[1], g[2] FROM regexp_matches(p_tags, '("(?:[^"\\]|\\.)*"):("(?:[^"\\]|\\.)*")', 'g') AS g
+$fn$
+;;
+CREATE UNIQUE INDEX tags_key ON @schema.tags (pkey, k, v, name)
+;;
+ALTER TABLE @schema.tags DROP CONSTRAINT tags_pkey
+;;
+DROP INDEX @schema.tags_kv_name
+;;
+ALTER TABLE @schema.tags ADD CONSTRAINT tags_pkey PRIMARY KEY USING INDEX tags_key
+;;
+CREATE OR REPLACE FUNCTION @schema.write_batch(
+    p_pkey text, p_user_key text, p_name bytea, p_now double precision, p_deadline double precision,
+    n text[], m text[], im text[], et text[], dg text[], cd text[], tg text[], vl bytea[], tc int[],
+    tk text[], tv text[], dn text[], di text[]
+) RETURNS TABLE (st int, i int, name text, seq bigint, etag text, digest text, tags text, value bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    np int := coalesce(cardinality(n), 0);
+    w int[] := '{}';
+    sq bigint[] := '{}';
+    kr @schema.records[] := '{}';
+    cur @schema.records;
+    bad int := 0;
+    off int := 0;
+    s bigint;
+    cur_exp double precision;
+    row_locks timestamptz;
+    held boolean;
+    tgk text;
+    tgv text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('@schema.' || p_pkey, 0));
+    LOOP
+        SELECT p.expires_at, (SELECT u.until FROM @schema.row_lock_until AS u) INTO cur_exp, row_locks
+            FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        held := FOUND;
+        IF held AND (cur_exp IS NOT NULL OR clock_timestamp() < row_locks) THEN  -- its row is locked too (migration 5)
+            SELECT p.expires_at INTO cur_exp FROM @schema.partitions AS p WHERE p.pkey = p_pkey FOR UPDATE;
+            held := FOUND;  -- a sweep that held the row first deleted it: a new partition
+        END IF;
+        EXIT WHEN held OR np = 0;
+        INSERT INTO @schema.partitions AS p (pkey, user_key, name, expires_at)
+            VALUES (p_pkey, p_user_key, p_name, p_deadline)
+            ON CONFLICT (pkey) DO NOTHING;
+    END LOOP;
+    IF cur_exp <= p_now THEN  -- expired, not yet swept: old data never comes back
+        DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey;
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        IF m[x] IN ('a', 'c') THEN  -- inserted now (seq included) unless a record is there
+            INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                VALUES (p_pkey, n[x], nextval('@schema.seq'), et[x], dg[x], tg[x], vl[x])
+                ON CONFLICT ON CONSTRAINT records_pkey DO NOTHING
+                RETURNING r.seq INTO s;
+            IF FOUND THEN
+                w[x] := 0; sq[x] := s;
+                CONTINUE;
+            END IF;
+        END IF;
+        SELECT * INTO cur FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = n[x];
+        IF (CASE m[x] WHEN 'c' THEN FOUND
+                      WHEN 'i' THEN NOT FOUND OR cur.etag IS DISTINCT FROM im[x]
+                      WHEN 'a' THEN split_part(cur.digest, '.', 1) <> cd[x]  -- a row is there (the insert met it)
+                      ELSE false END) THEN
+            bad := x;
+            EXIT;
+        END IF;
+        IF FOUND AND (m[x] = 'a' OR (m[x] = 'i' AND et[x] = im[x] AND cur.digest = dg[x])) THEN
+            w[x] := 3; kr[x] := cur;  -- kept: its row as read under the lock is what the batch returns for it
+        ELSE  -- its seq drawn in put order, as the inserts' own
+            w[x] := CASE WHEN FOUND AND cur.tags <> '{}' THEN 2 ELSE 1 END; sq[x] := nextval('@schema.seq');
+            IF w[x] = 2 THEN
+                kr[x] := cur;  -- its tags name the tag rows to delete
+            END IF;
+        END IF;
+    END LOOP;
+    IF bad = 0 AND cardinality(dn) > 0 THEN
+        FOR x IN 1..cardinality(dn) LOOP
+            CONTINUE WHEN di[x] IS NULL;
+            SELECT r.etag INTO cur.etag FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = dn[x];
+            IF NOT FOUND OR cur.etag IS DISTINCT FROM di[x] THEN
+                bad := np + x;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF bad > 0 THEN  -- refused: what the checks inserted goes, then the conflict row
+        DELETE FROM @schema.records AS r USING unnest(n, w) AS u (nm, w)
+            WHERE u.w = 0 AND r.pkey = p_pkey AND r.name = u.nm;
+        RETURN QUERY SELECT 1, bad - 1, q.nm, r.seq, r.etag, r.digest, r.tags, r.value
+            FROM (SELECT CASE WHEN bad <= np THEN n[bad] ELSE dn[bad - np] END AS nm) AS q
+            LEFT JOIN @schema.records AS r ON r.pkey = p_pkey AND r.name = q.nm;
+        RETURN;
+    END IF;
+    -- the batch passed its checks: it sets the expiry (a refused one changes nothing)
+    IF held AND cur_exp IS DISTINCT FROM p_deadline THEN
+        UPDATE @schema.partitions AS p SET expires_at = p_deadline WHERE p.pkey = p_pkey;
+    END IF;
+    FOR x IN 1..np LOOP
+        IF w[x] IN (1, 2) THEN  -- not inserted by its check: written now
+            INSERT INTO @schema.records AS r (pkey, name, seq, etag, digest, tags, value)
+                VALUES (p_pkey, n[x], sq[x], et[x], dg[x], tg[x], vl[x])
+                ON CONFLICT ON CONSTRAINT records_pkey DO UPDATE SET seq = EXCLUDED.seq, etag = EXCLUDED.etag,
+                    digest = EXCLUDED.digest, tags = EXCLUDED.tags, value = EXCLUDED.value;
+            IF w[x] = 2 THEN  -- the replaced record's tag rows, each by its full key
+                FOR tgk, tgv IN SELECT g.k, g.v FROM @schema.tag_pairs(kr[x].tags) AS g LOOP
+                    DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.k = tgk AND t.v = tgv AND t.name = n[x];
+                END LOOP;
+            END IF;
+        END IF;
+        IF tc[x] > 0 AND w[x] < 3 THEN
+            INSERT INTO @schema.tags (pkey, name, k, v, seq)
+                SELECT p_pkey, n[x], tk[j], tv[j], sq[x] FROM generate_series(off + 1, off + tc[x]) AS j;
+        END IF;
+        off := off + tc[x];
+        IF w[x] = 3 THEN
+            cur := kr[x];
+            st := 2; i := x - 1; name := cur.name; seq := cur.seq; etag := cur.etag; digest := cur.digest;
+            tags := cur.tags; value := cur.value;
+        ELSE
+            st := 0; i := x - 1; name := NULL; seq := sq[x]; etag := NULL; digest := NULL; tags := NULL;
+            value := NULL;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+    IF cardinality(dn) > 0 THEN
+        FOR cur IN SELECT * FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (dn) AND r.tags <> '{}' LOOP
+            FOR tgk, tgv IN SELECT g.k, g.v FROM @schema.tag_pairs(cur.tags) AS g LOOP
+                DELETE FROM @schema.tags AS t WHERE t.pkey = p_pkey AND t.k = tgk AND t.v = tgv AND t.name = cur.name;
+            END LOOP;
+        END LOOP;
+        DELETE FROM @schema.records AS r WHERE r.pkey = p_pkey AND r.name = ANY (dn);
+        IF NOT EXISTS (SELECT 1 FROM @schema.records AS r WHERE r.pkey = p_pkey) THEN
+            DELETE FROM @schema.partitions AS p WHERE p.pkey = p_pkey;
+        END IF;
+    END IF;
+END
+$fn$

@@ -1079,7 +1079,7 @@ class PostgresBackend(Backend):
         for conns in loops.values():
             conns.finish()
         if pool is not None:
-            pool.close()
+            pool.finish()
 
     async def aclose(self) -> None:
         """:meth:`close` (closing sockets only: nothing blocks the event loop)."""
@@ -1124,7 +1124,6 @@ class _ThreadConnections:
         self.idle: builtins.list[psycopg.Connection[Any]] = []
         self.slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
-        self.closed = False
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
         #: libpq's own bound on connecting, unless the conninfo names one (libpq takes at least 2 s).
         self._connect_timeout: dict[str, Any] = (
@@ -1152,7 +1151,7 @@ class _ThreadConnections:
     def _hand_back(self, conn: psycopg.Connection[Any]) -> None:
         idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with self._lock:
-            if idle and not conn.broken and not self.closed and len(self.idle) < self.size:
+            if idle and not conn.broken and len(self.idle) < self.size:
                 self.idle.append(conn)
                 return
         conn.pgconn.finish()
@@ -1164,11 +1163,6 @@ class _ThreadConnections:
             idle, self.idle = self.idle, []
         for conn in idle:
             conn.pgconn.finish()
-
-    def close(self) -> None:
-        """Close the idle connections, and each one in use when it is handed back."""
-        self.closed = True
-        self.finish()
 
 
 class _LoopConnections:

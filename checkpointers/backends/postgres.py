@@ -1,14 +1,12 @@
 """PostgreSQL backend: psycopg 3, sync and native async, pooled, one round trip per operation.
 
 Every operation is ONE SQL statement, built once by a pure function and sent
-by either face: the sync one on :class:`psycopg.Connection` objects shared
-by threads (:class:`_ThreadConnections`), the async one on native
-:class:`psycopg.AsyncConnection` objects kept per event loop
-(:class:`_LoopConnections`: psycopg_pool's async pool keeps worker tasks on
-its loop, and a loop ending with them pending, as ``asyncio.run`` per request
-does, hangs in their cancellation). Both hand out the idle connection used
-last, so one caller's operations stay on one server process. Connections are
-in autocommit mode, so a statement is its own transaction.
+by either face: the sync one on a :class:`psycopg_pool.ConnectionPool`, the
+async one on native :class:`psycopg.AsyncConnection` objects kept per event
+loop (:class:`_LoopConnections`: psycopg_pool's async pool keeps worker tasks
+on its loop, and a loop ending with them pending, as ``asyncio.run`` per
+request does, hangs in their cancellation). Connections are in autocommit
+mode, so a statement is its own transaction.
 
 Schema (in its own PostgreSQL schema, ``checkpointers`` unless ``schema=``)
 ---------------------------------------------------------------------------
@@ -120,7 +118,6 @@ import builtins
 import contextlib
 import functools
 import json
-import math
 import random
 import re
 import struct
@@ -134,7 +131,6 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-import psycopg.conninfo
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
@@ -773,12 +769,10 @@ class PostgresBackend(Backend):
     the module docstring; ``min_size``/``max_size``/``prepare_threshold`` are
     then the caller's). ``schema`` names the
     PostgreSQL schema holding the tables (created if missing; lowercase
-    letters, digits, ``_``). ``max_size`` bounds the connections open (sync,
-    and per event loop used; ``min_size`` is accepted and not used: connections
-    open on first use); ``timeout`` bounds the wait for a free connection
-    (and, unless the conninfo sets ``connect_timeout``, for connecting);
-    ``retry_attempts`` and ``retry_backoff`` bound the retries of transient
-    errors (see the module docstring); ``pipeline=False`` sends the
+    letters, digits, ``_``). ``min_size`` / ``max_size`` size each pool (one
+    sync, one per event loop used); ``timeout`` bounds the wait for a
+    connection; ``retry_attempts`` and ``retry_backoff`` bound the retries of
+    transient errors (see the module docstring); ``pipeline=False`` sends the
     reads of :meth:`many` one by one; ``prepare_threshold`` is psycopg's (``0``:
     statements prepared on the server from their first use; ``None``: never,
     for a pooler that cannot track prepared statements).
@@ -824,7 +818,7 @@ class PostgresBackend(Backend):
         self.retry_attempts, self.retry_backoff = retry_attempts, retry_backoff
         self._where = f"schema {schema!r}"
         self._lock = threading.Lock()
-        self._pool: _ThreadConnections | None = None
+        self._pool: ConnectionPool | None = None
         self._loops: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
         self._ready = False
         self._closed = False
@@ -954,7 +948,7 @@ class PostgresBackend(Backend):
 
     # -- sync execution ------------------------------------------------------------------
 
-    def _sync_pool(self) -> _ThreadConnections | _Shared:
+    def _sync_pool(self) -> ConnectionPool | _Shared:
         with self._lock:
             if self._closed:
                 raise BackendUnavailableError(f"PostgresBackend({self._where}) is closed; open a new one")
@@ -966,8 +960,26 @@ class PostgresBackend(Backend):
             if self._given is not None:
                 return self._given
             if self._pool is None:
-                self._pool = _ThreadConnections(self.conninfo, self.max_size, self.timeout, self.prepare_threshold)
+                # Opened with its first connection ready: a first call that waited would make the pool grow
+                # to two, and psycopg_pool hands idle connections out oldest first, so one thread's calls
+                # would alternate between two server processes, each with its caches cold (docs/postgres.md).
+                pool = ConnectionPool(self.conninfo, **self._pool_options(), open=False)
+                try:
+                    pool.open(wait=True, timeout=self.timeout)
+                except BaseException:
+                    pool.close()
+                    raise
+                self._pool = pool
             return self._pool
+
+    def _pool_options(self) -> dict[str, Any]:
+        return {
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "timeout": self.timeout,
+            "kwargs": {"autocommit": True, "prepare_threshold": self.prepare_threshold},
+            "name": f"checkpointers-{self.schema}",
+        }
 
     def _run(self, make: Callable[[bool], _Op[T]], transaction: bool = False, setup: bool = True) -> T:
         """Run the operation ``make(retried)`` builds, retrying transient errors (a fresh op each time)."""
@@ -975,8 +987,9 @@ class PostgresBackend(Backend):
             self.migrate()
         with _translate_errors(self._where):
             for attempt in range(self.retry_attempts + 1):
-                pool = self._sync_pool()
+                pool: ConnectionPool | _Shared | None = None
                 try:
+                    pool = self._sync_pool()  # opening it is retried as a call is
                     with pool.connection() as conn:
                         if not transaction and conn.autocommit:
                             return _drive(conn, make(attempt > 0))
@@ -984,7 +997,8 @@ class PostgresBackend(Backend):
                             return _drive(conn, make(attempt > 0))
                 except psycopg.Error as exc:
                     delay = self._delay(exc, attempt)
-                pool.finish()  # drop the idle connections a restart or a network cut left dead
+                if pool is not None:
+                    pool.check()  # drop the idle connections a restart or a network cut left dead
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
 
@@ -1079,10 +1093,12 @@ class PostgresBackend(Backend):
         for conns in loops.values():
             conns.finish()
         if pool is not None:
-            pool.finish()
+            pool.close()
 
     async def aclose(self) -> None:
-        """:meth:`close` (closing sockets only: nothing blocks the event loop)."""
+        """:meth:`close`, without blocking the event loop on the sync pool's threads."""
+        if self._pool is not None:
+            await asyncio.to_thread(self.close)
         self.close()
 
     def __repr__(self) -> str:
@@ -1102,67 +1118,6 @@ class PostgresBackend(Backend):
 
 
 # -- the async face's connections ------------------------------------------------------------
-
-
-class _ThreadConnections:
-    """The sync connections, shared by threads: idle ones reused newest first, at most ``size`` open.
-
-    As :class:`_LoopConnections` does for a loop, and unlike psycopg_pool's
-    ``ConnectionPool``, which hands its idle connections out oldest first: once
-    it had grown (it does on its first wait, the first call), one thread's
-    operations went to its two server processes in turn, each with its caches
-    cold, for about 13% more server CPU per ``put`` with its ``put_writes``
-    (docs/postgres.md). A connection is opened when none is idle and handed
-    back after use unless it is broken or inside a transaction. No background
-    thread: nothing is opened ahead of use (``min_size`` is not used), and a
-    failed call lets the idle ones go (:meth:`finish`), so the next one
-    connects anew.
-    """
-
-    def __init__(self, conninfo: str, size: int, timeout: float, prepare_threshold: int | None) -> None:
-        self.conninfo, self.size, self.timeout, self.prepare_threshold = conninfo, size, timeout, prepare_threshold
-        self.idle: builtins.list[psycopg.Connection[Any]] = []
-        self.slots = threading.BoundedSemaphore(size)
-        self._lock = threading.Lock()
-        given = psycopg.conninfo.conninfo_to_dict(conninfo)
-        #: libpq's own bound on connecting, unless the conninfo names one (libpq takes at least 2 s).
-        self._connect_timeout: dict[str, Any] = (
-            {} if "connect_timeout" in given else {"connect_timeout": max(2, math.ceil(timeout))}
-        )
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        if not self.slots.acquire(timeout=self.timeout):
-            raise PoolTimeout(f"no connection free within {self.timeout} s ({self.size} in use)")
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            with self._lock:
-                conn = self.idle.pop() if self.idle else None
-            if conn is None:
-                conn = psycopg.Connection.connect(
-                    self.conninfo, autocommit=True, prepare_threshold=self.prepare_threshold, **self._connect_timeout
-                )
-            yield conn
-        finally:
-            if conn is not None:
-                self._hand_back(conn)
-            self.slots.release()
-
-    def _hand_back(self, conn: psycopg.Connection[Any]) -> None:
-        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        with self._lock:
-            if idle and not conn.broken and len(self.idle) < self.size:
-                self.idle.append(conn)
-                return
-        conn.pgconn.finish()
-
-    def finish(self) -> None:
-        """Close the idle connections (sockets only, no round trip); those in use are closed when handed back
-        only if broken."""
-        with self._lock:
-            idle, self.idle = self.idle, []
-        for conn in idle:
-            conn.pgconn.finish()
 
 
 class _LoopConnections:
@@ -1238,7 +1193,7 @@ class _Shared:
             with self._lock:
                 yield self.conn
 
-    def finish(self) -> None:
+    def check(self) -> None:
         """After a failure: let a pool drop its dead idle connections (a lone connection stays as it is)."""
         if isinstance(self.conn, ConnectionPool):
             self.conn.check()

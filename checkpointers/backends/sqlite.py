@@ -1695,6 +1695,10 @@ class _ReadCache:
         self.size += size
 
 
+_new_object = object.__new__
+_set_attr = object.__setattr__  #: how a frozen dataclass sets its fields
+
+
 def _result_size(result: Sequence[Any]) -> int:
     """The bytes a result of :func:`_get`, :func:`_list` or :func:`_many_reads` is counted for."""
     size = 0
@@ -1707,12 +1711,21 @@ def _result_size(result: Sequence[Any]) -> int:
 
 
 def _fresh(result: Sequence[Any]) -> list[Any]:
-    """A copy of a read's result that shares no mutable object with it (records and their tags)."""
+    """A copy of a read's result that shares no mutable object with it (records and their tags).
+
+    Each record is copied by its ``__dict__`` (a frozen dataclass without
+    slots), its tags into a dict of their own: a third fewer instructions than
+    calling ``Record(...)`` with six attribute reads (callgrind).
+    """
     out: list[Any] = []
     for item in result:
         if type(item) is Record:
-            tags = item.tags
-            out.append(Record(item.name, item.value, dict(tags) if tags else {}, item.etag, item.digest, item.seq))
+            fields = item.__dict__.copy()
+            tags = fields["tags"]
+            fields["tags"] = dict(tags) if tags else {}
+            copy = _new_object(Record)
+            _set_attr(copy, "__dict__", fields)
+            out.append(copy)
         elif item is None:
             out.append(None)
         else:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from checkpointers._flows import make_put
 from checkpointers._names import Partition
 from checkpointers.backends.base import Delete, ListQuery, Mode
 from checkpointers.backends.ops import GetOp, ListOp
 from checkpointers.backends.sqlite import SqliteBackend
+from tests.test_sqlite_read_cache import _reads_records, backend
+
+__all__ = ["backend"]  # the fixture, shared with test_sqlite_read_cache
 
 P = Partition("alice", "items", "runs/r1")
 Q = Partition("alice", "items", "runs/r2")
@@ -31,18 +32,8 @@ def _trace(conn: Any) -> list[str]:
     return statements
 
 
-def _reads_records(statements: list[str]) -> bool:
-    return any("FROM records" in s for s in statements)
-
-
 def _values(records: list[Any]) -> list[bytes]:
     return [r.value for r in records]
-
-
-@pytest.fixture
-def backend(tmp_path: Path) -> Any:
-    with SqliteBackend(tmp_path / "c.db") as b:
-        yield b
 
 
 def test_a_read_after_a_put_runs_on_the_writer_connection(backend: SqliteBackend) -> None:

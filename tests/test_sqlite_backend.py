@@ -1228,14 +1228,14 @@ _CACHE_STATEMENTS = ("PRAGMA data_version", "SELECT data_version, (SELECT expire
 
 
 def _traced(backend: SqliteBackend) -> list[str]:
-    """The SQL statements that read records on the backend's pooled read connection from now on."""
+    """The SQL statements that read records on the connection the backend reads on from now on."""
     statements: list[str] = []
 
     def seen(sql: str) -> None:
         if not sql.startswith(_CACHE_STATEMENTS):
             statements.append(sql)
 
-    backend._idle[-1].set_trace_callback(seen)
+    (backend._wconn or backend._idle[-1]).set_trace_callback(seen)  # the writer reads while free
     return statements
 
 

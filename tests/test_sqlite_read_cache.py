@@ -32,10 +32,15 @@ ALL = ListQuery(prefix="c/")
 CFG: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
 
 
+def _serving(backend: SqliteBackend) -> Any:
+    """The connection the backend's next read runs on: the writer's once it wrote (it is free), else a pooled one."""
+    return backend._wconn or backend._idle[-1]
+
+
 def _traced(backend: SqliteBackend) -> list[str]:
-    """The statements the pooled read connection runs from now on."""
+    """The statements the backend's reading connection runs from now on."""
     statements: list[str] = []
-    backend._idle[-1].set_trace_callback(statements.append)
+    _serving(backend).set_trace_callback(statements.append)
     return statements
 
 
@@ -62,7 +67,7 @@ def test_a_repeated_read_is_served_without_reading_records_and_a_write_ends_that
     statements.clear()
     assert backend.list(P, LATEST) == first
     assert statements == ["PRAGMA data_version"], statements  # the hit: no records read
-    backend.write(P, [make_put("c/2", b"two")])  # the writer connection: "another connection" to the reader
+    backend.write(P, [make_put("c/2", b"two")])  # this partition's entries are forgotten
     statements.clear()
     assert _names(backend.list(P, LATEST)) == ["c/2"]
     assert _reads_records(statements), statements
@@ -154,7 +159,7 @@ def test_the_cache_stays_within_its_bounds(backend: SqliteBackend) -> None:
     for i in range(2 * _CACHE_ENTRIES):  # distinct listings: without values (small), with (up to 1.2 MB)
         backend.list(P, ListQuery(prefix="c/", limit=1 + i, values=False))
         backend.list(P, ListQuery(prefix="c/", limit=1 + i % 60))
-        cache = backend._idle[-1].read_cache  # type: ignore[attr-defined]
+        cache = _serving(backend).read_cache
         assert len(cache.entries) <= _CACHE_ENTRIES and cache.size <= _CACHE_BYTES
     assert len(cache.entries) > 1 and cache.size > _CACHE_BYTES // 2  # it was used, up to its bounds
 

@@ -280,12 +280,7 @@ class LeanTransport:
         conn = self._connection()
         try:
             conn.send_packed_command(_pack(conn, wire))
-            replies: list[Any] = []
-            for args in wire:
-                try:
-                    replies.append(client.parse_response(conn, args[0]))
-                except rex.ResponseError as exc:
-                    replies.append(exc)
+            replies = _sync_replies(conn, client, wire)
         except BaseException:
             conn.disconnect()
             pool.release(conn)
@@ -327,6 +322,48 @@ class LeanTransport:
         else:
             await pool.release(conn)
         return replies
+
+
+def _sync_replies(conn: Any, client: Any, wire: Sequence[Wire]) -> list[Any]:
+    """The replies of ``wire``, sent on the sync connection ``conn``, error replies in place.
+
+    Read straight from the connection's hiredis reader when it has one (what
+    its parser's ``read_response`` does, per round trip instead of per reply:
+    each ``client.parse_response`` also passes through the connection's
+    ``read_response``, which formats the host for an error message it may
+    never raise; callgrind: 1,288k -> 1,255-1,268k client instructions per
+    put + put_writes); else ``client.parse_response`` per reply.
+    """
+    parser = conn._parser
+    reader = getattr(parser, "_reader", None)
+    replies: list[Any] = []
+    if (
+        reader.__class__ is not _HiredisReader
+        or _NOT_ENOUGH_DATA is None
+        or (_Push is None and conn.protocol not in (2, "2"))  # RESP3 pushes it cannot tell from replies
+    ):
+        for args in wire:
+            try:
+                replies.append(client.parse_response(conn, args[0]))
+            except rex.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    pushes: list[Any] = []
+    try:
+        while not _collect_replies(reader, replies, len(wire), pushes):
+            parser.read_from_socket()  # redis-py's TimeoutError / ConnectionError (closed)
+    except OSError as exc:  # what the connection's read_response makes of it
+        raise rex.ConnectionError(f"Error while reading from socket: {exc.args}") from exc
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    for push in pushes:
+        parser.handle_push_response(push)
+    callbacks = client.response_callbacks
+    for i, args in enumerate(wire):
+        callback = callbacks.get(args[0])
+        if callback is not None and not isinstance(replies[i], BaseException):
+            replies[i] = callback(replies[i])
+    return replies
 
 
 def _lean_sync(client: Any) -> bool:

@@ -365,12 +365,28 @@ def _sent_ahead(put: Put) -> bool:
     return put.staged and put.mode is Mode.APPEND
 
 
+def _is_guard(put: Put) -> bool:
+    """Whether ``put`` only says "the record is still this one" (a lease guard): an
+    ``IF_MATCH`` put whose etag is its ``if_match`` (etags are unique per write)."""
+    return put.mode is Mode.IF_MATCH and put.etag == put.if_match and not put.staged
+
+
+def _guards(puts: Sequence[Put]) -> int:
+    """How many leading puts of ``puts`` go to the write script as guards (two arguments
+    each, not nine): those before every other put, and never all of them."""
+    count = 0
+    while count < len(puts) - 1 and _is_guard(puts[count]):
+        count += 1
+    return count
+
+
 def _write_args(
-    ttl_ms: int, puts: Sequence[Put], deletes: Sequence[Delete], ahead: bool
+    ttl_ms: int, puts: Sequence[Put], deletes: Sequence[Delete], ahead: bool, guards: int = 0
 ) -> list[Any]:
-    """The write script's arguments; ``ahead``: staged values are sent ahead (mode ``s``)."""
-    args: list[Any] = [ttl_ms, len(puts), len(deletes)]
-    for put in puts:
+    """The write script's arguments; ``ahead``: staged values are sent ahead (mode ``s``);
+    the first ``guards`` puts go as guards, after the deletes (see ``lua/write.lua``)."""
+    args: list[Any] = [ttl_ms, len(puts) - guards, len(deletes)]
+    for put in puts[guards:]:
         if "\n" in put.etag or "\n" in put.digest:
             raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
         staged = ahead and _sent_ahead(put)
@@ -388,7 +404,17 @@ def _write_args(
         ]
     for d in deletes:
         args += [d.name, "0" if d.if_match is None else "1", d.if_match or "", " ".join(_ancestors(d.name))]
+    for put in puts[:guards]:
+        pairs = " ".join(_tag_pairs(put.tags)) if put.tags else ""
+        args += [put.name, f"\n{put.etag}\n{put.digest}\n{pairs}\n"]
     return args
+
+
+def _in_batch_order(index: int, guards: int, puts: int, deletes: int) -> int:
+    """The batch index (puts, then deletes) of the write script's record ``index`` (the
+    puts it got as puts, the deletes, then the guards: the batch's first puts)."""
+    sent = puts - guards + deletes
+    return index - sent if index >= sent else index + guards
 
 
 def _squeezed(put: Put) -> tuple[bytes, str | bytes]:
@@ -736,19 +762,33 @@ class RedisBackend(Backend):
         tail = [("HSET", registry, partition.key, raw_name)] if after else []
         if first:  # the first write this backend sends there: index members of the previous layout go
             commands += _legacy_sweep(keys[2], [*(p.name for p in puts), *(d.name for d in deletes)])
-        args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
+        guards = _guards(puts)
+        args = _write_args(self._ttl_ms, puts, deletes, ahead=True, guards=guards)
         reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
         out = reply.values[-1 - len(tail)]  # the script's reply
+        if out[0] == 4:
+            # A guard's record carries its etag but other content (nothing was
+            # applied): as a nine-argument put it is written, as it always was.
+            guards = 0
+            args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
+            reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
+            out = reply.values[-1 - len(tail)]
         if out[0] == 2:
             # A concurrent delete removed a staged value between our HSETNX and
             # the script, which then applied nothing: send the values inline.
+            args = _write_args(self._ttl_ms, puts, deletes, ahead=False, guards=guards)
+            reply = yield _RoundTrip([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
+            out = reply.values[-1 - len(tail)]
+        if out[0] == 4:  # the same, met on the re-send
+            guards = 0
             args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
             reply = yield _RoundTrip([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
             out = reply.values[-1 - len(tail)]
         if out[0] == 3:  # damaged stored data: nothing applied (see guarded())
             raise _script_damage(out)
         if out[0] == 0:
-            index, meta, value, now_empty = int(out[1]), out[2], out[3], out[4]
+            index = _in_batch_order(int(out[1]), guards, len(puts), len(deletes))
+            meta, value, now_empty = out[2], out[3], out[4]
             names = [p.name for p in puts] + [d.name for d in deletes]
             if reply.retried:
                 # An earlier attempt may have applied this very batch before its
@@ -763,6 +803,8 @@ class RedisBackend(Backend):
             existing = None if meta is None else _record(names[index], meta, value)
             return WriteResult(records=[], conflict=Conflict(index, names[index], existing))
         was_empty, now_empty, metas = out[1], out[2], out[3:]
+        if guards:  # the guards' metadata follows the puts'
+            metas = [*metas[len(puts) - guards :], *metas[: len(puts) - guards]]
         records = [_written(put, meta) for put, meta in zip(puts, metas, strict=False)]
         if now_empty:
             self._filled.pop(partition.key, None)

@@ -7,6 +7,7 @@ import builtins
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .._names import Partition
 from .base import (
@@ -291,6 +292,15 @@ class MemoryBackend(Backend):
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return self.get(partition, names)
+
+    async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """One by one, as :meth:`many`: each operation is done at its first step (no I/O to overlap).
+
+        The default's ``asyncio.gather`` would wrap each in a Task for nothing
+        (nearly all of an async listing's cost over the sync one). Each still
+        runs through its ``acall``, so a subclass's async methods are used.
+        """
+        return [await op.acall(self) for op in ops]
 
     async def awrite(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()

@@ -74,3 +74,69 @@ def test_async_saver_listing_creates_no_task_and_matches_sync() -> None:
     got, caller = asyncio.run(main())
     assert b.tasks and all(t is caller for t in b.tasks)
     assert got == list(saver.list(thread, limit=3))
+
+
+def _reference(b: MemoryBackend, p: Partition, q: ListQuery) -> list[tuple[str, bytes]]:
+    """What a name-order listing must return, by brute force over every record."""
+    every = sorted(b.list(p, ListQuery()), key=lambda r: r.name)
+    picks = [r for r in every if q.matches(r)]
+    if q.descending:
+        picks.reverse()
+    out: list[tuple[str, bytes]] = []
+    for r in picks[: q.limit]:
+        out.append((r.name, r.value if q.values else b""))
+        if q.children:
+            out += [(c.name, c.value if q.values else b"") for c in every if c.name.startswith(r.name + "/")]
+    return out
+
+
+def test_name_order_listing_matches_a_brute_force_reading() -> None:
+    # Names that sort between a record and its children (``a-x``, ``a%``, ``a.``
+    # before ``a/``) and children of children: the index walk must not take them for children.
+    b = MemoryBackend()
+    p = Partition("u", "s", "t")
+    names = [
+        "c/a", "c/a-x", "c/a%y", "c/a.z", "c/a/w1", "c/a/w2", "c/a/w2/deep", "c/a-x/w3", "c/b", "c/b/w",
+        "c/ab", "c/ab/w", "d", "d/e", "c0", "c",
+    ]
+    b.write(p, [Put(n, n.encode(), f"d{i}", f"e{i}", {"k": str(i % 2)}) for i, n in enumerate(names)])
+    queries = [
+        ListQuery(prefix=pre, depth=depth, children=kids, descending=desc, limit=limit, values=values, tags=tags)
+        for pre in ("c/", "c/a", "", "c")
+        for depth in (0, 1)
+        for kids in (False, True)
+        for desc in (False, True)
+        for limit in (None, 1, 2)
+        for values in (True, False)
+        for tags in ({}, {"k": "0"})
+    ]
+    queries += [
+        ListQuery(start="c/a", stop=stop, depth=1, children=kids, descending=desc, limit=limit)
+        for stop in ("c/a/w1", "c/ab", "c/b", "c/b/w", "d")
+        for kids in (False, True)
+        for desc in (False, True)
+        for limit in (None, 2)
+    ]
+    for q in queries:
+        assert [(r.name, r.value) for r in b.list(p, q)] == _reference(b, p, q), q
+
+
+def test_list_newest_orders_by_id_then_thread_then_name_descending() -> None:
+    import random
+
+    from checkpointers._saver_flows import CheckpointRecord, list_newest
+
+    rng = random.Random(6)
+    for _ in range(300):
+        found = {}
+        for _ in range(rng.randrange(0, 12)):
+            i, name, cid = rng.randrange(3), f"c/_{rng.choice('abc')}/_{rng.randrange(5)}", str(rng.randrange(4))
+            found[(i, name)] = CheckpointRecord(name, "", cid, None, {}, {}, {}, {}, 3)
+        # The reference: stable sorts, the last key first applied last.
+        keys = sorted(found, key=lambda k: k[1], reverse=True)
+        keys.sort(key=lambda k: k[0])
+        keys.sort(key=lambda k: found[k].cid, reverse=True)
+        for limit in (None, 1, 3):
+            got = list_newest(found, limit)
+            assert [(i, s) for i, s in got] == [(k[0], found[k]) for k in keys[:limit]]
+            assert all(s is found[(i, s.name)] for i, s in got)

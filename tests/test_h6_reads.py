@@ -140,3 +140,22 @@ def test_list_newest_orders_by_id_then_thread_then_name_descending() -> None:
             got = list_newest(found, limit)
             assert [(i, s) for i, s in got] == [(k[0], found[k]) for k in keys[:limit]]
             assert all(s is found[(i, s.name)] for i, s in got)
+
+
+def test_inline_values_of_mixed_frames_and_a_damaged_one() -> None:
+    import ormsgpack
+    import pytest
+
+    from checkpointers._saver_flows import _frame
+    from checkpointers.errors import CorruptItemError
+    from tests.test_read_path import _with_inline
+
+    mp = b"\x07msgpack"
+    saver, config = _with_inline({"a": mp + ormsgpack.packb(1), "b": _frame(("bytes", b"xyz")), "c": mp + b"\xa1s"})
+    got = saver.get_tuple(config)
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"a": 1, "b": b"xyz", "c": "s"}
+    assert [t.checkpoint["channel_values"] for t in saver.list(config)] == [{"a": 1, "b": b"xyz", "c": "s"}]
+    saver, config = _with_inline({"a": mp + ormsgpack.packb(1), "bad": mp + b"\xc1"})  # 0xc1: never used
+    with pytest.raises(CorruptItemError, match="'bad'"):
+        saver.get_tuple(config)

@@ -757,8 +757,6 @@ def list_floor(cids: Iterable[str], limit: int | None) -> str | None:
     ranked = sorted(cids, reverse=True)
     return ranked[limit - 1] if len(ranked) >= limit else None
 
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-
 
 def list_newest(
     found: Mapping[tuple[int, str], CheckpointRecord], limit: int | None
@@ -768,10 +766,10 @@ def list_newest(
     Highest checkpoint id first; equal ids (one id in two namespaces or
     threads) in thread order, then in descending name order.
     """
-    keys = sorted(found, key=_SECOND, reverse=True)
-    keys.sort(key=_FIRST)
-    keys.sort(key=lambda k: found[k].cid, reverse=True)
-    return [(k[0], found[k]) for k in keys[:limit]]
+    # One sort of (id, -thread, name): descending, that is id down, thread up, name down.
+    # (thread, name) is unique, so the comparison never reaches the checkpoint itself.
+    ranked = sorted([(s.cid, -i, name, s) for (i, name), s in found.items()], reverse=True)
+    return [(-i, s) for _, i, _, s in ranked[:limit]]
 
 
 @dataclass(frozen=True)

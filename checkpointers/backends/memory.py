@@ -7,6 +7,7 @@ import builtins
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .._names import Partition
 from .base import (
@@ -56,29 +57,9 @@ class _Part:
         return [self.records[n] for n in self.names[i:j]]
 
     def walk(self, query: ListQuery) -> Iterator[Record]:
-        """Candidates in the query's order.
-
-        Name order: exactly the names under the prefix (``[prefix,
-        _prefix_end(prefix))``) and in the start/stop range, so depth and tags
-        are the only filters left (``MemoryBackend.list`` relies on it). Seq
-        order: every record, every filter still to apply.
-        """
-        if query.order == "seq":
-            # Consumed under the backend lock (see ``list``): no copy needed.
-            yield from (reversed(self.records.values()) if query.descending else self.records.values())
-            return
-        lo = query.prefix
-        if query.start is not None and str(query.start) > lo:
-            lo = str(query.start)
-        i = bisect.bisect_left(self.names, lo)
-        j = len(self.names)
-        end = _prefix_end(query.prefix)
-        if end is not None:
-            j = bisect.bisect_left(self.names, end)
-        if query.stop is not None:
-            j = min(j, bisect.bisect_left(self.names, str(query.stop)))
-        for k in range(j - 1, i - 1, -1) if query.descending else range(i, j):
-            yield self.records[self.names[k]]
+        """Seq-order candidates (every record, every filter still to apply); name order is :func:`_name_walk`."""
+        # Consumed under the backend lock (see ``list``): no copy needed.
+        return iter(reversed(self.records.values()) if query.descending else self.records.values())
 
 
 def _prefix_end(prefix: str) -> str | None:
@@ -91,6 +72,46 @@ def _prefix_end(prefix: str) -> str | None:
     """
     stem = prefix.rstrip("\U0010ffff")
     return stem[:-1] + chr(ord(stem[-1]) + 1) if stem else None
+
+
+def _name_walk(part: _Part, query: ListQuery, found: list[Record]) -> list[Record]:
+    """A name-order listing of ``part`` into ``found`` (under the backend lock).
+
+    Exactly the names under the prefix (``[prefix, _prefix_end(prefix))``)
+    and in the start/stop range, walked by index in place: only depth and
+    tags are left to check; a pick's children are bisected for from its own
+    index on.
+    """
+    names, records = part.names, part.records
+    lo = query.prefix
+    if query.start is not None and str(query.start) > lo:
+        lo = str(query.start)
+    i = bisect.bisect_left(names, lo)
+    end = _prefix_end(query.prefix)
+    j = len(names) if end is None else bisect.bisect_left(names, end, i)
+    if query.stop is not None:
+        j = min(j, bisect.bisect_left(names, str(query.stop), i))
+    depth, tags, at, limit = query.depth, query.tags, len(query.prefix), query.limit
+    values, children, count = query.values, query.children, 0
+    for k in range(j - 1, i - 1, -1) if query.descending else range(i, j):
+        name = names[k]
+        if depth is not None and name.count("/", at) != depth:
+            continue
+        record = records[name]
+        if tags and not all(record.tags.get(t) == v for t, v in tags.items()):
+            continue
+        found.append(record if values else _without_value(record))
+        if children:
+            # From the pick's own index on (not always right after it:
+            # ``name-x`` sorts between ``name`` and ``name/``).
+            first, past = children_range(name)
+            c = bisect.bisect_left(names, first, k + 1)
+            kids = [records[n] for n in names[c : bisect.bisect_left(names, past, c)]]
+            found.extend(kids if values else map(_without_value, kids))
+        count += 1
+        if limit is not None and count >= limit:
+            break
+    return found
 
 
 #: What ``evaluate`` checks a batch against in a partition not yet created.
@@ -206,17 +227,11 @@ class MemoryBackend(Backend):
             part = self._live(partition)
             if part is None:
                 return found
+            if query.order == "name":
+                return _name_walk(part, query, found)
             count = 0
-            # A name-order walk holds only names in the query's prefix and start/stop
-            # range (see ``_Part.walk``): only depth and tags are left to check.
-            by_name, depth, tags, at = query.order == "name", query.depth, query.tags, len(query.prefix)
             for record in part.walk(query):
-                if (
-                    (depth is None or record.name.count("/", at) == depth)
-                    and (not tags or all(record.tags.get(k) == v for k, v in tags.items()))
-                    if by_name
-                    else query.matches(record)
-                ):
+                if query.matches(record):
                     found.append(record if query.values else _without_value(record))
                     if query.children:
                         kids = part.children(record.name)
@@ -291,6 +306,15 @@ class MemoryBackend(Backend):
 
     async def aget(self, partition: Partition, names: Sequence[str]) -> builtins.list[Record | None]:
         return self.get(partition, names)
+
+    async def amany(self, ops: Sequence[Any]) -> builtins.list[Any]:
+        """One by one, as :meth:`many`: each operation is done at its first step (no I/O to overlap).
+
+        The default's ``asyncio.gather`` would wrap each in a Task for nothing
+        (nearly all of an async listing's cost over the sync one). Each still
+        runs through its ``acall``, so a subclass's async methods are used.
+        """
+        return [await op.acall(self) for op in ops]
 
     async def awrite(
         self, partition: Partition, puts: Sequence[Put], deletes: Sequence[Delete] = ()

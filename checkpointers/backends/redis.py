@@ -762,28 +762,7 @@ class RedisBackend(Backend):
         tail = [("HSET", registry, partition.key, raw_name)] if after else []
         if first:  # the first write this backend sends there: index members of the previous layout go
             commands += _legacy_sweep(keys[2], [*(p.name for p in puts), *(d.name for d in deletes)])
-        guards = _guards(puts)
-        args = _write_args(self._ttl_ms, puts, deletes, ahead=True, guards=guards)
-        reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
-        out = reply.values[-1 - len(tail)]  # the script's reply
-        if out[0] == 4:
-            # A guard's record carries its etag but other content (nothing was
-            # applied): as a nine-argument put it is written, as it always was.
-            guards = 0
-            args = _write_args(self._ttl_ms, puts, deletes, ahead=True)
-            reply = yield _RoundTrip([*commands, *ahead, Eval(WRITE_SCRIPT, keys, args), *tail])
-            out = reply.values[-1 - len(tail)]
-        if out[0] == 2:
-            # A concurrent delete removed a staged value between our HSETNX and
-            # the script, which then applied nothing: send the values inline.
-            args = _write_args(self._ttl_ms, puts, deletes, ahead=False, guards=guards)
-            reply = yield _RoundTrip([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
-            out = reply.values[-1 - len(tail)]
-        if out[0] == 4:  # the same, met on the re-send
-            guards = 0
-            args = _write_args(self._ttl_ms, puts, deletes, ahead=False)
-            reply = yield _RoundTrip([*commands, Eval(WRITE_SCRIPT, keys, args), *tail])
-            out = reply.values[-1 - len(tail)]
+        reply, out, guards = yield from self._script_op(keys, puts, deletes, commands, ahead, tail)
         if out[0] == 3:  # damaged stored data: nothing applied (see guarded())
             raise _script_damage(out)
         if out[0] == 0:
@@ -814,6 +793,36 @@ class RedisBackend(Backend):
             yield _RoundTrip([("HSET", registry, partition.key, raw_name)])
         self._seen_filled(partition)
         return WriteResult(records=records)
+
+    def _script_op(
+        self,
+        keys: list[str],
+        puts: Sequence[Put],
+        deletes: Sequence[Delete],
+        commands: Sequence[Command],
+        ahead: Sequence[Command],
+        tail: Sequence[Command],
+    ) -> _RoundTrips:
+        """The write script's round trip(s): ``(reply, the script's reply, guards sent compact)``.
+
+        First with the staged values sent ahead and the leading guards compact
+        (:func:`_guards`). Re-sent at most twice, each time nothing was applied:
+        with every guard as a nine-argument put when a guard's record carries
+        its etag but other content (status 4: written, as it always was), and
+        with the values inline when a concurrent delete removed a staged value
+        between our HSETNX and the script (status 2).
+        """
+        guards, staged = _guards(puts), True
+        while True:
+            args = _write_args(self._ttl_ms, puts, deletes, ahead=staged, guards=guards)
+            reply = yield _RoundTrip([*commands, *(ahead if staged else ()), Eval(WRITE_SCRIPT, keys, args), *tail])
+            out = reply.values[-1 - len(tail)]
+            if out[0] == 4 and guards:
+                guards = 0
+            elif out[0] == 2 and staged:
+                staged = False
+            else:
+                return reply, out, guards
 
     def _seen_filled(self, partition: Partition) -> None:
         """Remember that ``partition`` holds records (a bounded set: a guess, never relied on)."""

@@ -133,7 +133,11 @@ class Integrity:
         partition (:attr:`Partition.fields`).
         """
         raw = name.encode("utf-8", "surrogatepass")
-        tj = _NO_TAGS if not tags else _field(tags_json(tags))
+        if tags:  # _field(tags_json(tags)), inline: every record written and read passes here
+            tj = tags_json(tags).encode("utf-8", "surrogatepass")
+            tj = len(tj).to_bytes(4, "big") + tj
+        else:
+            tj = _NO_TAGS
         return b"".join((_DOMAIN, p.fields, len(raw).to_bytes(4, "big"), raw, tj, sha.encode()))
 
     def seal(self, p: Partition, name: str, tags: Mapping[str, str], sha: str) -> str:
@@ -157,24 +161,10 @@ class Integrity:
         staged: bool = False,
         sha: str | None = None,
     ) -> Put:
-        """A :class:`Put` of ``value`` at ``name`` in ``p``, sealed to that place.
-
-        Every record written goes through here: the seal is :meth:`seal`'s,
-        built inline (the same message and digest; two calls less per record).
-        """
-        if not tags:
-            tags, tj = {}, _NO_TAGS
-        else:  # _field(tags_json(tags)), inline
-            tj = tags_json(tags).encode("utf-8", "surrogatepass")
-            tj = len(tj).to_bytes(4, "big") + tj
+        """A :class:`Put` of ``value`` at ``name`` in ``p``, sealed to that place (:meth:`seal`)."""
+        tags = tags or {}
         sha = sha or _sha256(value).hexdigest()
-        raw = name.encode("utf-8", "surrogatepass")
-        msg = b"".join((_DOMAIN, p.fields, len(raw).to_bytes(4, "big"), raw, tj, sha.encode()))  # as _message
-        if self._signer is None:
-            sealed = f"{sha}.u{_sha256(msg).hexdigest()[:_SEAL_HEX]}"
-        else:
-            kid, key = self._signer
-            sealed = f"{sha}.k{kid}{hmac.digest(key, msg, 'sha256').hex()[:_SEAL_HEX]}"
+        sealed = self.seal(p, name, tags, sha)
         return Put(name, value, sealed, etag, tags, mode, if_match, staged)
 
     # -- checking ---------------------------------------------------------------

@@ -78,3 +78,20 @@ def test_without_a_hiredis_reader_every_reply_goes_through_parse_response(
     per_reply = _exercise(redis_backend, "fallback")
     assert "EVALSHA" in parse_calls and "HMGET" in parse_calls
     assert per_reply[:3] == direct[:3]  # the same records, seqs and values either way
+
+
+def test_the_lean_sync_path_applies_the_clients_response_callbacks(redis_backend: RedisBackend) -> None:
+    """What ``client.parse_response`` would give: redis-py's callbacks applied (PEXPIRE and PERSIST
+    return bools, not the server's integers), error replies in place."""
+    transport = redis_backend._link.sync_transport()
+    assert transport.kind == "lean"
+    client = redis_backend._link.sync_client()
+    key = f"h4replies-callbacks-{id(transport)}"
+    try:
+        replies = transport.execute([("SET", key, "v"), ("PEXPIRE", key, 60_000), ("PERSIST", key), ("HGET", key, "f")])
+        expected = [client.set(key, "v"), client.pexpire(key, 60_000), client.persist(key)]
+        assert replies[:3] == expected and [type(r) for r in replies[:3]] == [type(e) for e in expected]
+        assert type(replies[1]) is bool and type(replies[2]) is bool  # the callbacks ran
+        assert isinstance(replies[3], redis.ResponseError)  # WRONGTYPE, in place
+    finally:
+        client.delete(key)

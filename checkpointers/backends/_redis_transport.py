@@ -358,12 +358,7 @@ def _sync_replies(conn: Any, client: Any, wire: Sequence[Wire]) -> list[Any]:
         conn.next_health_check = time.monotonic() + conn.health_check_interval
     for push in pushes:
         parser.handle_push_response(push)
-    callbacks = client.response_callbacks
-    for i, args in enumerate(wire):
-        callback = callbacks.get(args[0])
-        if callback is not None and not isinstance(replies[i], BaseException):
-            replies[i] = callback(replies[i])
-    return replies
+    return [_callback(client, args[0], reply) for args, reply in zip(wire, replies, strict=True)]
 
 
 def _lean_sync(client: Any) -> bool:

@@ -374,8 +374,8 @@ def with_children(query: ListQuery, picked: Sequence[Record], pool: Iterable[Rec
 
 def check_batch(puts: Sequence[Put], deletes: Sequence[Delete]) -> None:
     """Refuse a batch that names one record twice (its outcome would be ambiguous)."""
-    if len(puts) == 2 and not deletes:  # the common batch: a lease record's condition and one record
-        if puts[0].name != puts[1].name:
+    if not deletes and len(puts) <= 2:  # the common batches: one record, or a lease record's condition and one
+        if len(puts) < 2 or puts[0].name != puts[1].name:
             return
         raise ValueError("a write batch must not name the same record twice")
     names = {p.name for p in puts}

@@ -173,8 +173,7 @@ class MemoryBackend(Backend):
     ) -> WriteResult:
         # The hot path of every put: one pass to check (``evaluate``), one to
         # apply, with the partition's dict and name list held in locals.
-        if deletes or (len(puts) > 1 and (len(puts) > 2 or puts[0].name == puts[1].name)):
-            check_batch(puts, deletes)  # names a record twice: refused (a put alone, or two names, cannot)
+        check_batch(puts, deletes)
         key = partition.key
         retention = self.retention
         with self._lock:

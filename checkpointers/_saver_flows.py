@@ -1210,8 +1210,7 @@ class CheckpointLayout:
             for sha, data in plan.new_blobs.items()
         ] if plan.new_blobs else []  # most puts: no new blob (small values are inline)
         puts.append(record)
-        writer = self.writer  # what write_batch does, one call less per put
-        result = yield from (write(p, tuple(puts)) if writer is None else writer(p, puts, ()))
+        result = yield from self.write_batch(p, puts)
         if result.conflict is not None:
             labels = [f"blob {_blob_name(sha)} of {subject()}" for sha in plan.new_blobs] + [subject()]
             raise_conflict(result, puts, (), labels)
@@ -1262,8 +1261,7 @@ class CheckpointLayout:
             puts = [*regular_puts, *special_puts] if special_puts else regular_puts
             if not puts:
                 return
-            writer = self.writer  # what write_batch does, one call less per put_writes
-            result = yield from (write(p, tuple(puts)) if writer is None else writer(p, puts, ()))
+            result = yield from self.write_batch(p, puts)
             conflict = result.conflict
             if conflict is None:
                 return

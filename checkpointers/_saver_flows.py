@@ -182,7 +182,7 @@ def ckpt_name(ns: str, cid: str) -> str:
 
 
 def writes_prefix(ns: str, cid: str) -> str:
-    return ckpt_name(ns, cid) + "/"
+    return f"{ckpt_prefix(ns)}{enc(cid)}/"  # ckpt_name(ns, cid) + "/"
 
 
 def _old_writes_prefix(ns: str, cid: str) -> str:
@@ -1199,7 +1199,7 @@ class CheckpointLayout:
         payload = checkpoint_payload(ns, cid, parent, checkpoint, metadata, plan)
         record = self.integrity.put(
             p,
-            ckpt_prefix(ns) + enc(cid),  # ckpt_name(ns, cid)
+            ckpt_name(ns, cid),
             self._dump(subject, payload),
             etag=new_etag(),
             tags=metadata_tags(metadata),  # valid by construction: at most 16, lengths checked, no NUL
@@ -1253,7 +1253,7 @@ class CheckpointLayout:
         """
         task = (task_id, task_path)
         subject = _Lazy(lambda: f"task {task_id!r} at checkpoint {cid!r} (thread {p.name!r}, namespace {ns!r})")
-        prefix = f"{ckpt_prefix(ns)}{enc(cid)}/{enc(task_id)}/"  # writes_prefix(ns, cid) + the task
+        prefix = f"{writes_prefix(ns, cid)}{enc(task_id)}/"
         special, regular = split_writes(writes)
         special_puts = self._special_puts(p, prefix, special, task, subject) if special else []
         for _ in range(_WRITE_ATTEMPTS):

@@ -179,3 +179,25 @@ async def test_async_face_sends_the_same_guard(redis_backend: RedisBackend, sent
     res = await b.awrite(p, [_guard_of(lease), make_put("c/_2", b"two")])
     assert res.conflict is not None and res.conflict.index == 0
     assert res.conflict.existing is not None and res.conflict.existing.etag == moved.etag
+
+
+@pytest.mark.parametrize("field", ["etag", "digest"])
+def test_a_newline_in_a_guard_or_a_put_is_refused_before_anything_is_sent(
+    each_redis: RedisBackend, field: str, sent: list[tuple[int, int]]
+) -> None:
+    """The script splits metadata at newlines: neither form may carry one (the compact guard's string
+    is ``\\n<etag>\\n<digest>\\n<pairs>\\n``, so a newline in it would shift what it is compared with)."""
+    p, lease = _setup(each_redis, f"newline-{field}")
+    bad_guard = dataclasses.replace(_guard_of(lease), **{field: getattr(lease, field) + "\nx"})
+    if field == "etag":
+        bad_guard = dataclasses.replace(bad_guard, if_match=bad_guard.etag)  # still guard-shaped
+    assert redis_module._guards([bad_guard, make_put("c/_x", b"x")]) == 1
+    sent.clear()  # the set-up's own write
+    with pytest.raises(ValueError, match="newline"):
+        each_redis.write(p, [bad_guard, make_put("c/_x", b"x")])
+    assert sent == []  # refused while building the arguments: no script call (not after a re-send)
+    bad_put = dataclasses.replace(make_put("c/_y", b"y"), **{field: "a\nb"})
+    with pytest.raises(ValueError, match="newline"):
+        each_redis.write(p, [bad_put])
+    assert each_redis.get(p, ["c/_x", "c/_y"]) == [None, None]
+    assert _stored(each_redis, p, "lease") == lease

@@ -387,8 +387,7 @@ def _write_args(
     the first ``guards`` puts go as guards, after the deletes (see ``lua/write.lua``)."""
     args: list[Any] = [ttl_ms, len(puts) - guards, len(deletes)]
     for put in puts[guards:]:
-        if "\n" in put.etag or "\n" in put.digest:
-            raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
+        _check_lines(put)
         staged = ahead and _sent_ahead(put)
         value, tags = _squeezed(put)
         args += [
@@ -405,9 +404,16 @@ def _write_args(
     for d in deletes:
         args += [d.name, "0" if d.if_match is None else "1", d.if_match or "", " ".join(_ancestors(d.name))]
     for put in puts[:guards]:
+        _check_lines(put)  # the guard's string is split at newlines too
         pairs = " ".join(_tag_pairs(put.tags)) if put.tags else ""
         args += [put.name, f"\n{put.etag}\n{put.digest}\n{pairs}\n"]
     return args
+
+
+def _check_lines(put: Put) -> None:
+    """Refuse an etag or digest the script's newline-separated metadata could not hold."""
+    if "\n" in put.etag or "\n" in put.digest:
+        raise ValueError(f"put {put.name!r}: etag and digest must not contain a newline")
 
 
 def _in_batch_order(index: int, guards: int, puts: int, deletes: int) -> int:
